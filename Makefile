@@ -1,0 +1,50 @@
+# Everything a fresh machine needs goes through these targets; .ci/run uses them too.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+ARGS ?=
+PYTEST_ARGS ?=
+
+.PHONY: run test lint system-deps bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+## run: the exporter on this node's GPUs, or on the built-in simulated node when there is no driver
+run: $(STAMP)
+	@if [ -e /dev/nvidiactl ] || ldconfig -p 2>/dev/null | grep -q 'libnvidia-ml.so.1'; then \
+		exec $(BIN)/gpu-exporter $(ARGS); \
+	else \
+		echo "No NVIDIA driver here: running the built-in simulated 8x H100 node (--simulate)."; \
+		exec $(BIN)/gpu-exporter --simulate $(ARGS); \
+	fi
+
+## system-deps: Prometheus and Alertmanager binaries for the rule and end-to-end tests
+system-deps:
+	@if command -v promtool >/dev/null && command -v amtool >/dev/null; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+			prometheus prometheus-alertmanager >/dev/null; \
+	else \
+		echo "warning: promtool/amtool missing (apt-get install prometheus prometheus-alertmanager);" \
+		     "tests that need them are skipped (they fail under CI=true)"; \
+	fi
+
+## test: install everything and run the whole suite (unit, integration, lint and types)
+test: $(STAMP) system-deps
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+bench: $(STAMP)
+	$(BIN)/python bench/run.py $(ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

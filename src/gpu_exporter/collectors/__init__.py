@@ -1,0 +1,45 @@
+"""All collectors, in the order their families appear in the exposition."""
+
+from __future__ import annotations
+
+from .activity import ActivityCollector
+from .base import Cadence, Collector, CollectorContext, SampleWriter, Scope
+from .clock_events import ClockEventsCollector
+from .clocks import ClocksCollector
+from .ecc import EccCollector
+from .memory import MemoryCollector
+from .power import PowerCollector
+from .recovery import RecoveryCollector
+from .remap import RemapCollector
+from .retired_pages import RetiredPagesCollector
+from .temperature import TemperatureCollector
+from .utilization import UtilizationCollector
+
+ALL_COLLECTORS: tuple[type[Collector], ...] = (
+    ActivityCollector,
+    UtilizationCollector,
+    MemoryCollector,
+    PowerCollector,
+    TemperatureCollector,
+    ClocksCollector,
+    ClockEventsCollector,
+    EccCollector,
+    RemapCollector,
+    RetiredPagesCollector,
+    RecoveryCollector,
+)
+
+
+def collector_names() -> tuple[str, ...]:
+    return tuple(c.name for c in ALL_COLLECTORS)
+
+
+__all__ = [
+    "ALL_COLLECTORS",
+    "Cadence",
+    "Collector",
+    "CollectorContext",
+    "SampleWriter",
+    "Scope",
+    "collector_names",
+]

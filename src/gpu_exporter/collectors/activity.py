@@ -1,0 +1,236 @@
+"""What the silicon actually does: SM, tensor-pipe and DRAM activity, with their time integrals.
+
+The source sits behind a small boundary (:class:`ActivitySource`): today GPM (Hopper and newer,
+per GPU and per MIG instance); a DCGM host engine will be a second source for GPUs without GPM
+(A100, L40S). A device with no source reports ``activity_source="none"`` in ``gpu_info`` and no
+activity series, rather than a misleading substitute.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+import pynvml
+
+from ..devices import Device, DeviceId
+from ..exposition import counter, gauge
+from ..ledger import ActivityKind
+from ..nvml import DeviceCalls
+from .base import Cadence, Collector, CollectorContext, Integral, SampleWriter, Scope, clamp_ratio
+
+SM_ACTIVE = gauge(
+    "gpu_sm_active_ratio",
+    "Fraction of time at least one warp was resident on an SM, averaged over all SMs (0..1).",
+)
+SM_ACTIVE_SECONDS = counter(
+    "gpu_sm_active_seconds_total",
+    "Time integral of gpu_sm_active_ratio: rate() over any window is the exact mean SM activity.",
+)
+SM_OCCUPANCY = gauge(
+    "gpu_sm_occupancy_ratio", "Resident warps relative to the SMs' maximum, averaged (0..1)."
+)
+TENSOR_ACTIVE = gauge(
+    "gpu_tensor_active_ratio", "Fraction of time any tensor pipe was active (0..1)."
+)
+TENSOR_ACTIVE_SECONDS = counter(
+    "gpu_tensor_active_seconds_total", "Time integral of gpu_tensor_active_ratio, in seconds."
+)
+DRAM_ACTIVE = gauge(
+    "gpu_dram_active_ratio", "Fraction of peak device-memory bandwidth in use (0..1)."
+)
+DRAM_ACTIVE_SECONDS = counter(
+    "gpu_dram_active_seconds_total", "Time integral of gpu_dram_active_ratio, in seconds."
+)
+
+
+@dataclass(frozen=True)
+class ActivityReading:
+    """Mean activity ratios over ``[start, end]`` (monotonic seconds); None where unreadable."""
+
+    start: float
+    end: float
+    sm_active: float | None
+    sm_occupancy: float | None
+    tensor_active: float | None
+    dram_active: float | None
+
+
+class ActivitySource(ABC):
+    """Where a device's activity comes from. One instance per device, used on worker threads."""
+
+    name: str
+
+    @abstractmethod
+    def read(self, calls: DeviceCalls) -> ActivityReading | None:
+        """The activity since the previous read; None on the first read or when unavailable."""
+
+    def close(self, calls: DeviceCalls) -> None:  # noqa: B027 - optional hook
+        """Release what the source holds."""
+
+
+def activity_source_name(device_id: DeviceId) -> str:
+    """The label ``gpu_info`` reports: decided once per device at discovery."""
+    return "gpm" if device_id.gpm_supported else "none"
+
+
+_GPM_METRICS = (
+    pynvml.NVML_GPM_METRIC_SM_UTIL,
+    pynvml.NVML_GPM_METRIC_SM_OCCUPANCY,
+    pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL,
+    pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL,
+)
+# GPM needs its two samples more than 100 ms apart (reference/nvml.md).
+_GPM_MIN_SPACING = 0.1
+
+
+class GpmSource(ActivitySource):
+    """GPM metrics between two samples; the samples alternate so each read costs one sample."""
+
+    name = "gpm"
+
+    def __init__(self, device: Device, context: CollectorContext) -> None:
+        self._device = device
+        self._clock = context.clock
+        self._buffers: list[Any] = []
+        self._previous: tuple[Any, float] | None = None
+
+    def read(self, calls: DeviceCalls) -> ActivityReading | None:
+        if not self._buffers:
+            self._buffers = [calls.get(pynvml.nvmlGpmSampleAlloc) for _ in range(2)]
+        if any(buffer is None for buffer in self._buffers):
+            return None
+        if self._previous is not None and self._clock() - self._previous[1] < _GPM_MIN_SPACING:
+            return None
+        sample = self._buffers[0] if self._previous is None else self._other(self._previous[0])
+        if not self._take(calls, sample):
+            self._previous = None
+            return None
+        now = self._clock()
+        previous, self._previous = self._previous, (sample, now)
+        if previous is None:
+            return None
+        return self._metrics(calls, previous, (sample, now))
+
+    def close(self, calls: DeviceCalls) -> None:
+        for buffer in self._buffers:
+            if buffer is not None:
+                calls.get(pynvml.nvmlGpmSampleFree, buffer)
+        self._buffers = []
+
+    def _other(self, sample: Any) -> Any:
+        return self._buffers[1] if sample is self._buffers[0] else self._buffers[0]
+
+    def _take(self, calls: DeviceCalls, sample: Any) -> bool:
+        device = self._device
+        if device.parent is not None:
+            taken = calls.get(
+                pynvml.nvmlGpmMigSampleGet,
+                device.parent.handle,
+                device.id.gpu_instance_id,
+                sample,
+            )
+        else:
+            taken = calls.get(pynvml.nvmlGpmSampleGet, device.handle, sample)
+        return taken is not None
+
+    def _metrics(
+        self, calls: DeviceCalls, first: tuple[Any, float], second: tuple[Any, float]
+    ) -> ActivityReading | None:
+        request = pynvml.c_nvmlGpmMetricsGet_t()
+        request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+        request.numMetrics = len(_GPM_METRICS)
+        request.sample1 = first[0]
+        request.sample2 = second[0]
+        for slot, metric_id in enumerate(_GPM_METRICS):
+            request.metrics[slot].metricId = metric_id
+        result = calls.get(pynvml.nvmlGpmMetricsGet, request)
+        if result is None:
+            return None
+        values: list[float | None] = []
+        for slot in range(len(_GPM_METRICS)):
+            metric = result.metrics[slot]
+            ok = int(metric.nvmlReturn) == pynvml.NVML_SUCCESS
+            values.append(clamp_ratio(float(metric.value)) if ok else None)
+        return ActivityReading(first[1], second[1], *values)
+
+
+def make_activity_source(device: Device, context: CollectorContext) -> ActivitySource | None:
+    if activity_source_name(device.id) == "gpm":
+        return GpmSource(device, context)
+    return None
+
+
+class ActivityCollector(Collector):
+    name = "activity"
+    help = "SM, SM occupancy, tensor and DRAM activity (GPM) with _seconds_total integrals."
+    cadence = Cadence.FAST
+    scope = Scope.ANY
+    families = (
+        SM_ACTIVE,
+        SM_ACTIVE_SECONDS,
+        SM_OCCUPANCY,
+        TENSOR_ACTIVE,
+        TENSOR_ACTIVE_SECONDS,
+        DRAM_ACTIVE,
+        DRAM_ACTIVE_SECONDS,
+    )
+
+    def __init__(self, device: Device, context: CollectorContext) -> None:
+        super().__init__(device, context)
+        self._source = make_activity_source(device, context)
+        self._sm = Integral()
+        self._tensor = Integral()
+        self._dram = Integral()
+        self._last: ActivityReading | None = None
+
+    @classmethod
+    def applies_to(cls, device: Device) -> bool:
+        return activity_source_name(device.id) != "none"
+
+    def collect(self, calls: DeviceCalls, out: SampleWriter) -> None:
+        if self._source is None:
+            return
+        reading = self._source.read(calls)
+        if reading is not None:
+            self._integrate(reading)
+            self._last = reading
+            if reading.sm_active is not None:
+                self.context.ledger.record(
+                    self.device.uuid, ActivityKind.SM_ACTIVE, reading.end, self._sm.total
+                )
+        if self._last is None:
+            return
+        last = self._last
+        self._emit(out, SM_ACTIVE, SM_ACTIVE_SECONDS, last.sm_active, self._sm)
+        self._emit(out, TENSOR_ACTIVE, TENSOR_ACTIVE_SECONDS, last.tensor_active, self._tensor)
+        self._emit(out, DRAM_ACTIVE, DRAM_ACTIVE_SECONDS, last.dram_active, self._dram)
+        if last.sm_occupancy is not None:
+            out.add(SM_OCCUPANCY, last.sm_occupancy)
+
+    def close(self, calls: DeviceCalls) -> None:
+        if self._source is not None:
+            self._source.close(calls)
+
+    def _integrate(self, reading: ActivityReading) -> None:
+        for integral, ratio in (
+            (self._sm, reading.sm_active),
+            (self._tensor, reading.tensor_active),
+            (self._dram, reading.dram_active),
+        ):
+            if ratio is not None:
+                integral.total += ratio * (reading.end - reading.start)
+
+    @staticmethod
+    def _emit(
+        out: SampleWriter,
+        ratio_family: Any,
+        seconds_family: Any,
+        ratio: float | None,
+        total: Integral,
+    ) -> None:
+        if ratio is None:
+            return
+        out.add(ratio_family, ratio)
+        out.add(seconds_family, total.total)

@@ -1,0 +1,104 @@
+"""The collector interface: one module per collector, one instance per device.
+
+A collector class declares its ``name`` (the ``--collector.<name>`` switch), its ``cadence``
+(fast signals every second, slow ones every 30 s by default), the metric families it may emit, and
+which devices it applies to. The sampler creates one instance per applicable device, so the
+instance holds that device's state between samples (integrals, GPM sample buffers), and calls
+:meth:`Collector.collect` on a worker thread. A failure stays inside that (collector, device)
+pair; :class:`~gpu_exporter.nvml.DeviceLost` is the one exception meant to travel up.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import ClassVar
+
+from ..config import Config
+from ..devices import Device
+from ..exposition import Family, Sample, join_labels
+from ..ledger import ActivityLedger
+from ..nvml import DeviceCalls
+
+
+class Cadence(Enum):
+    FAST = "fast"
+    SLOW = "slow"
+
+
+class Scope(Enum):
+    GPU = "gpu"  # whole GPUs only
+    MIG = "mig"  # MIG instances only
+    ANY = "any"  # both
+
+
+@dataclass(frozen=True)
+class CollectorContext:
+    """What a collector may depend on besides NVML: configuration and a clock."""
+
+    config: Config
+    clock: Callable[[], float] = time.monotonic
+    ledger: ActivityLedger = field(default_factory=ActivityLedger)
+
+
+@dataclass
+class SampleWriter:
+    """Collects one device's samples, prefixing the device's pre-rendered labels."""
+
+    device_labels: str
+    samples: list[Sample] = field(default_factory=list)
+
+    def add(self, family: Family, value: float, labels: str = "") -> None:
+        self.samples.append(Sample(family, join_labels(self.device_labels, labels), float(value)))
+
+
+class Collector(ABC):
+    name: ClassVar[str]
+    cadence: ClassVar[Cadence]
+    scope: ClassVar[Scope] = Scope.GPU
+    families: ClassVar[tuple[Family, ...]]
+    enabled_by_default: ClassVar[bool] = True
+    help: ClassVar[str] = ""
+
+    def __init__(self, device: Device, context: CollectorContext) -> None:
+        self.device = device
+        self.context = context
+
+    @classmethod
+    def applies_to(cls, device: Device) -> bool:
+        if cls.scope is Scope.ANY:
+            return True
+        return device.id.is_mig == (cls.scope is Scope.MIG)
+
+    @abstractmethod
+    def collect(self, calls: DeviceCalls, out: SampleWriter) -> None:
+        """Read this device's signals and write samples. Runs on a worker thread."""
+
+    def close(self, calls: DeviceCalls) -> None:  # noqa: B027 - optional hook
+        """Release NVML resources held for the device (runs on a worker thread)."""
+
+
+class Integral:
+    """The time integral of a ratio: ``rate(x_seconds_total[w])`` is then the exact mean over w.
+
+    ``add(ratio, now)`` credits ``ratio`` for the time since the previous call, so the value must
+    describe that interval (GPM's metrics do exactly; NVML utilisation approximately).
+    """
+
+    def __init__(self) -> None:
+        self.total = 0.0
+        self._last: float | None = None
+
+    def add(self, ratio: float, now: float) -> float:
+        if self._last is not None and now > self._last:
+            self.total += ratio * (now - self._last)
+        self._last = now
+        return self.total
+
+
+def clamp_ratio(percent: float) -> float:
+    """NVML reports percent; Prometheus wants 0..1."""
+    return min(max(percent / 100.0, 0.0), 1.0)

@@ -1,0 +1,42 @@
+"""Framebuffer memory of whole GPUs and MIG instances (NVML memory info v2, v1 as fallback)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pynvml
+
+from ..exposition import gauge
+from ..nvml import DeviceCalls
+from .base import Cadence, Collector, SampleWriter, Scope
+
+TOTAL = gauge("gpu_memory_total_bytes", "Framebuffer memory of the device, in bytes.")
+USED = gauge("gpu_memory_used_bytes", "Framebuffer memory in use (allocations), in bytes.")
+FREE = gauge("gpu_memory_free_bytes", "Framebuffer memory free for allocations, in bytes.")
+RESERVED = gauge(
+    "gpu_memory_reserved_bytes", "Framebuffer memory reserved by the driver and firmware, in bytes."
+)
+
+
+class MemoryCollector(Collector):
+    name = "memory"
+    help = "Framebuffer total, used, free and reserved bytes."
+    cadence = Cadence.FAST
+    scope = Scope.ANY
+    families = (TOTAL, USED, FREE, RESERVED)
+
+    def collect(self, calls: DeviceCalls, out: SampleWriter) -> None:
+        handle = self.device.handle
+        info: Any = calls.get(
+            pynvml.nvmlDeviceGetMemoryInfo, handle, pynvml.nvmlMemory_v2, signal="memory_v2"
+        )
+        if info is None:  # drivers and MIG handles without v2 still answer v1
+            info = calls.get(pynvml.nvmlDeviceGetMemoryInfo, handle, signal="memory_v1")
+        if info is None:
+            return
+        out.add(TOTAL, info.total)
+        out.add(USED, info.used)
+        out.add(FREE, info.free)
+        reserved = getattr(info, "reserved", None)
+        if reserved is not None:
+            out.add(RESERVED, reserved)

@@ -1,0 +1,51 @@
+"""Row remapping (Ampere and newer): remapped rows, pending and failed remaps, spare-row banks.
+
+Pending means a remap waits for the next GPU reset (reset when convenient); failure is RMA
+territory. NVML answers NotSupported on MIG-enabled GPUs with active instances: the series are
+then omitted rather than reported as zeros.
+"""
+
+from __future__ import annotations
+
+import pynvml
+
+from ..exposition import counter, gauge, label_string
+from ..nvml import DeviceCalls
+from .base import Cadence, Collector, SampleWriter
+
+REMAPPED_ROWS = counter(
+    "gpu_remapped_rows_total", "Memory rows remapped, by the error that caused the remap."
+)
+PENDING = gauge("gpu_row_remap_pending", "1 when a row remap waits for the next GPU reset.")
+FAILED = gauge("gpu_row_remap_failed", "1 when a row remap failed (the GPU needs replacement).")
+BANKS = gauge(
+    "gpu_row_remap_banks",
+    "Memory banks by how many spare rows remain (max, high, partial, low, none).",
+)
+_CORRECTABLE = label_string({"cause": "correctable"})
+_UNCORRECTABLE = label_string({"cause": "uncorrectable"})
+_AVAILABILITY = tuple(
+    (name, label_string({"availability": name}))
+    for name in ("max", "high", "partial", "low", "none")
+)
+
+
+class RemapCollector(Collector):
+    name = "remap"
+    help = "Row remapping counts, pending/failed flags and the spare-row bank histogram."
+    cadence = Cadence.SLOW
+    families = (REMAPPED_ROWS, PENDING, FAILED, BANKS)
+
+    def collect(self, calls: DeviceCalls, out: SampleWriter) -> None:
+        handle = self.device.handle
+        rows = calls.get(pynvml.nvmlDeviceGetRemappedRows, handle)
+        if rows is not None:
+            correctable, uncorrectable, pending, failed = rows
+            out.add(REMAPPED_ROWS, correctable, _CORRECTABLE)
+            out.add(REMAPPED_ROWS, uncorrectable, _UNCORRECTABLE)
+            out.add(PENDING, 1.0 if pending else 0.0)
+            out.add(FAILED, 1.0 if failed else 0.0)
+        histogram = calls.get(pynvml.nvmlDeviceGetRowRemapperHistogram, handle)
+        if histogram is not None:
+            for name, labels in _AVAILABILITY:
+                out.add(BANKS, getattr(histogram, name), labels)

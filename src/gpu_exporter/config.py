@@ -1,0 +1,39 @@
+"""The exporter's configuration: one frozen value built by the CLI and passed down explicitly."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DEFAULT_PORT = 9445  # dcgm-exporter uses 9400 and nvidia_gpu_exporter 9835
+DEFAULT_LISTEN = f"0.0.0.0:{DEFAULT_PORT}"
+
+
+@dataclass(frozen=True)
+class SimulatorConfig:
+    """``scenario`` is None for the built-in scenario."""
+
+    scenario: Path | None = None
+
+
+@dataclass(frozen=True)
+class Config:
+    listen_host: str = "0.0.0.0"
+    listen_port: int = DEFAULT_PORT
+    simulator: SimulatorConfig | None = None
+    fast_interval: float = 1.0
+    slow_interval: float = 30.0
+    nvml_timeout: float = 1.0
+    init_timeout: float = 60.0
+    collectors: frozenset[str] = field(default_factory=frozenset)
+    kmsg_path: Path = Path("/dev/kmsg")
+    pod_resources_socket: Path = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+    state_dir: Path = Path("/var/lib/gpu-exporter")
+    proc_path: Path = Path("/proc")
+    idle_threshold: float = 0.05
+    log_format: str = "auto"
+    log_level: str = "info"
+
+    @property
+    def simulate(self) -> bool:
+        return self.simulator is not None

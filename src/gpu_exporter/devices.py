@@ -1,0 +1,174 @@
+"""Device discovery: whole GPUs and MIG instances, their identity, and what they support.
+
+Discovery runs on a worker thread at startup and on the slow cadence (MIG layouts can change at
+run time). Each device's Prometheus label string is rendered once here and reused by every
+sample.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import pynvml
+
+from .exposition import label_string
+from .nvml import DeviceCalls, DeviceLost, ErrorCounter, SupportRegistry
+
+
+@dataclass(frozen=True)
+class DeviceId:
+    """What identifies a device and labels its series. A MIG instance has a parent."""
+
+    index: int  # NVML index of the GPU (the parent's, for a MIG instance)
+    uuid: str
+    model: str = ""
+    pci_bus_id: str = ""
+    mig_mode: str = "disabled"  # enabled | disabled | unsupported
+    gpm_supported: bool = False
+    parent_uuid: str | None = None
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+    mig_profile: str | None = None
+
+    @property
+    def is_mig(self) -> bool:
+        return self.parent_uuid is not None
+
+    @cached_property
+    def labels(self) -> str:
+        """``gpu``/``uuid`` (+ the MIG instance labels) rendered once for every series."""
+        pairs = [("gpu", str(self.index)), ("uuid", self.uuid)]
+        if self.is_mig:
+            pairs += [
+                ("gpu_instance_id", str(self.gpu_instance_id)),
+                ("compute_instance_id", str(self.compute_instance_id)),
+                ("mig_profile", self.mig_profile or ""),
+            ]
+        return label_string(pairs)
+
+
+@dataclass(eq=False)
+class Device:
+    """A device as this process sees it: identity plus its (process-local) NVML handle."""
+
+    id: DeviceId
+    handle: Any
+    parent: Device | None = None
+
+    @property
+    def uuid(self) -> str:
+        return self.id.uuid
+
+    @property
+    def gpu_uuid(self) -> str:
+        """The whole GPU this device belongs to: itself, or a MIG instance's parent."""
+        return self.id.parent_uuid or self.id.uuid
+
+
+@dataclass
+class Gpu:
+    """A whole GPU and its MIG instances (empty unless MIG mode is on)."""
+
+    device: Device
+    mig_devices: list[Device] = field(default_factory=list)
+
+    def devices(self) -> Iterator[Device]:
+        yield self.device
+        yield from self.mig_devices
+
+
+@dataclass(frozen=True)
+class SystemInfo:
+    driver_version: str
+    nvml_version: str
+    gpu_count: int
+
+
+def _text(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def read_system_info() -> SystemInfo:
+    """Driver/NVML versions and the GPU count (raises on failure: there is no node without it)."""
+    return SystemInfo(
+        driver_version=_text(pynvml.nvmlSystemGetDriverVersion()),
+        nvml_version=_text(pynvml.nvmlSystemGetNVMLVersion()),
+        gpu_count=int(pynvml.nvmlDeviceGetCount()),
+    )
+
+
+def discover_gpu(index: int, support: SupportRegistry, errors: ErrorCounter) -> Gpu:
+    """Identify GPU ``index`` and its MIG instances. Raises DeviceLost when it does not answer."""
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
+    except pynvml.NVMLError as exc:
+        raise DeviceLost(f"index:{index}", "nvmlDeviceGetHandleByIndex") from exc
+    calls = DeviceCalls(uuid, support, errors, collector="discovery")
+    model = calls.get(pynvml.nvmlDeviceGetName, handle)
+    pci = calls.get(pynvml.nvmlDeviceGetPciInfo, handle)
+    mig = calls.get(pynvml.nvmlDeviceGetMigMode, handle)
+    gpm = calls.get(pynvml.nvmlGpmQueryDeviceSupport, handle)
+    mig_enabled = mig is not None and int(mig[0]) == pynvml.NVML_DEVICE_MIG_ENABLE
+    gpu_id = DeviceId(
+        index=index,
+        uuid=uuid,
+        model=_text(model) if model is not None else "",
+        pci_bus_id=_text(pci.busId) if pci is not None else "",
+        mig_mode="unsupported" if mig is None else ("enabled" if mig_enabled else "disabled"),
+        gpm_supported=gpm is not None and bool(gpm.isSupportedDevice),
+    )
+    gpu = Gpu(Device(gpu_id, handle))
+    if mig_enabled:
+        gpu.mig_devices = list(_discover_mig(gpu.device, calls))
+    return gpu
+
+
+def _discover_mig(parent: Device, calls: DeviceCalls) -> Iterator[Device]:
+    count = calls.get(pynvml.nvmlDeviceGetMaxMigDeviceCount, parent.handle) or 0
+    for slot in range(int(count)):
+        # NotFound (an empty slot) comes back as None.
+        handle = calls.get(pynvml.nvmlDeviceGetMigDeviceHandleByIndex, parent.handle, slot)
+        if handle is None:
+            continue
+        uuid = calls.get(pynvml.nvmlDeviceGetUUID, handle, signal=f"mig{slot}.uuid")
+        gi = calls.get(pynvml.nvmlDeviceGetGpuInstanceId, handle)
+        ci = calls.get(pynvml.nvmlDeviceGetComputeInstanceId, handle)
+        if uuid is None or gi is None or ci is None:
+            continue
+        mig_id = DeviceId(
+            index=parent.id.index,
+            uuid=_text(uuid),
+            model=parent.id.model,
+            pci_bus_id=parent.id.pci_bus_id,
+            mig_mode="enabled",
+            gpm_supported=parent.id.gpm_supported,
+            parent_uuid=parent.uuid,
+            gpu_instance_id=int(gi),
+            compute_instance_id=int(ci),
+            mig_profile=_mig_profile(parent, handle, int(gi), calls),
+        )
+        yield Device(mig_id, handle, parent)
+
+
+def _mig_profile(parent: Device, handle: Any, gpu_instance_id: int, calls: DeviceCalls) -> str:
+    """The profile name (``1g.10gb``) as NVML names it, else derived from the instance's size."""
+    instance = calls.get(pynvml.nvmlDeviceGetGpuInstanceById, parent.handle, gpu_instance_id)
+    if instance is not None:
+        info = calls.get(pynvml.nvmlGpuInstanceGetInfo, instance)
+        if info is not None:
+            profile = calls.get(
+                pynvml.nvmlDeviceGetGpuInstanceProfileInfoById, parent.handle, info.profileId
+            )
+            if profile is not None:
+                return _text(profile.name).removeprefix("MIG ").strip()
+    # Reading GPU instances can need privileges the exporter lacks; the attributes do not.
+    attributes = calls.get(pynvml.nvmlDeviceGetAttributes, handle)
+    if attributes is None:
+        return ""
+    gigabytes = math.ceil(attributes.memorySizeMB / 1024)
+    return f"{attributes.gpuInstanceSliceCount}g.{gigabytes}gb"

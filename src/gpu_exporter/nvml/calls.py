@@ -1,0 +1,163 @@
+"""A collector's handle on NVML for one device: every call goes through :meth:`DeviceCalls.get`."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import pynvml
+
+from ..logs import get_logger
+from .errors import (
+    DeviceLost,
+    ErrorCounter,
+    error_name,
+    is_lost,
+    is_not_found,
+    is_not_supported,
+)
+
+T = TypeVar("T")
+_log = get_logger("nvml")
+
+
+class SupportRegistry:
+    """Which signals each device lacks, learnt from NotSupported once and never asked again.
+
+    Keyed by device UUID (NVML handles are unhashable pointers). Cleared for a device when it
+    comes back from being lost, since a reset or a new driver may change what it supports.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._unsupported: dict[str, set[str]] = {}
+        self._announced: set[str] = set()
+
+    def is_unsupported(self, uuid: str, signal: str) -> bool:
+        with self._lock:
+            return signal in self._unsupported.get(uuid, ())
+
+    def mark_unsupported(self, uuid: str, signal: str) -> bool:
+        """Record a NotSupported signal; True the first time *any* device lacks it.
+
+        The caller logs it then: eight identical GPUs lacking a signal make one log line.
+        """
+        with self._lock:
+            self._unsupported.setdefault(uuid, set()).add(signal)
+            if signal in self._announced:
+                return False
+            self._announced.add(signal)
+            return True
+
+    def unsupported(self, uuid: str) -> frozenset[str]:
+        with self._lock:
+            return frozenset(self._unsupported.get(uuid, ()))
+
+    def forget(self, uuid: str) -> None:
+        with self._lock:
+            self._unsupported.pop(uuid, None)
+
+
+class DeviceCalls:
+    """NVML calls for one device during one collector run, classified by error kind (see errors).
+
+    Used on a worker thread. ``current_function`` names the call in progress, so when the sampler
+    gives up on a hung job it can say which NVML function hung.
+    """
+
+    def __init__(
+        self,
+        uuid: str,
+        support: SupportRegistry,
+        errors: ErrorCounter,
+        *,
+        collector: str,
+        lost_uuid: str | None = None,
+    ) -> None:
+        self.uuid = uuid
+        self.collector = collector
+        self._lost_uuid = lost_uuid or uuid  # a MIG instance is lost with its parent GPU
+        self._support = support
+        self._errors = errors
+        self.current_function: str | None = None
+        self.failures: list[tuple[str, str]] = []
+
+    def get(self, fn: Callable[..., T], *args: Any, signal: str | None = None) -> T | None:
+        """Call ``fn(*args)``; None when the device lacks the signal or has no data right now.
+
+        ``signal`` names the capability for the NotSupported memory when one function serves
+        several (e.g. ECC counters by error and counter type); it defaults to the function name.
+        """
+        function = fn.__name__
+        key = signal or function
+        if self._support.is_unsupported(self.uuid, key):
+            return None
+        self.current_function = function
+        try:
+            return fn(*args)
+        except Exception as exc:
+            self._handle(exc, function, key)
+            return None
+        finally:
+            self.current_function = None
+
+    def _handle(self, exc: Exception, function: str, key: str) -> None:
+        """Classify an NVML error: remember NotSupported, raise DeviceLost, count the rest."""
+        if is_not_supported(exc):
+            if self._support.mark_unsupported(self.uuid, key):
+                _log.info(
+                    "signal not supported; its series are omitted where unsupported",
+                    uuid=self.uuid,
+                    signal=key,
+                    collector=self.collector,
+                    error=error_name(exc),
+                )
+            return
+        if is_lost(exc):
+            self._errors.add(function, error_name(exc))
+            raise DeviceLost(self._lost_uuid, function) from exc
+        if is_not_found(exc):
+            return
+        # Unexpected: omit this one series, keep the collector's other signals for the device,
+        # and let the sampler mark the collector failed and log it (rate-limited).
+        self._errors.add(function, error_name(exc))
+        self.failures.append((function, error_name(exc)))
+
+    def fields(self, handle: Any, field_ids: tuple[int, ...]) -> dict[int, float]:
+        """Read NVML field values; fields the device lacks are remembered and not asked again.
+
+        ``nvmlDeviceGetFieldValues`` succeeds when any field was filled, so each value's own
+        ``nvmlReturn`` is checked and its union member read according to ``valueType``.
+        """
+        wanted = [f for f in field_ids if not self._support.is_unsupported(self.uuid, f"field{f}")]
+        if not wanted:
+            return {}
+        values = self.get(pynvml.nvmlDeviceGetFieldValues, handle, wanted, signal="field_values")
+        result: dict[int, float] = {}
+        for value in values or ():
+            code = int(value.nvmlReturn)
+            if code == pynvml.NVML_SUCCESS:
+                result[int(value.fieldId)] = _field_number(value)
+            elif code != pynvml.NVML_ERROR_NOT_FOUND:
+                self._handle(
+                    pynvml.NVMLError(code), "nvmlDeviceGetFieldValues", f"field{value.fieldId}"
+                )
+        return result
+
+
+def _field_number(value: Any) -> float:
+    member = _VALUE_MEMBERS.get(int(value.valueType), "ullVal")
+    return float(getattr(value.value, member))
+
+
+# nvmlValueType_t -> the c_nvmlValue_t union member that holds it.
+_VALUE_MEMBERS = {
+    0: "dVal",
+    1: "uiVal",
+    2: "ulVal",
+    3: "ullVal",
+    4: "sllVal",
+    5: "siVal",
+    6: "usVal",
+}

@@ -1,0 +1,99 @@
+"""The one place that knows NVML's error kinds and what each means for the exporter.
+
+- NotSupported / FunctionNotFound: the device (or driver) lacks the signal. Omit the series,
+  remember it per device so the call is never repeated, and log it once.
+- GpuIsLost (and ResetRequired): the device is gone. Raise :class:`DeviceLost` so the sampler
+  marks that GPU down and re-probes it with backoff, while every other GPU carries on.
+- NotFound: "no data right now" for the calls that use it (empty MIG slots, no process samples).
+- Anything else: count it in ``gpu_exporter_nvml_errors_total{function,error}``, omit that one
+  series, and mark the collector failed for this sample (logged, rate-limited, by the sampler).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections import Counter
+from typing import Any
+
+import pynvml
+
+# Classified by NVML return code, which is stable across pynvml versions (class names are not).
+_NOT_SUPPORTED = frozenset({pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND})
+_LOST = frozenset({pynvml.NVML_ERROR_GPU_IS_LOST, pynvml.NVML_ERROR_RESET_REQUIRED})
+# Codes that mean "the library or driver is not there", as opposed to a failing device.
+_UNAVAILABLE = frozenset(
+    {
+        pynvml.NVML_ERROR_LIBRARY_NOT_FOUND,
+        pynvml.NVML_ERROR_DRIVER_NOT_LOADED,
+        pynvml.NVML_ERROR_NO_PERMISSION,
+        pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH,
+    }
+)
+
+
+def nvml_code(exc: BaseException) -> int | None:
+    return getattr(exc, "value", None) if isinstance(exc, pynvml.NVMLError) else None
+
+
+class NvmlUnavailable(RuntimeError):
+    """NVML cannot be used on this machine at all (no library, no driver)."""
+
+
+class DeviceLost(RuntimeError):
+    """A GPU stopped answering (GpuIsLost): only that GPU's series are affected."""
+
+    def __init__(self, uuid: str, function: str) -> None:
+        super().__init__(f"GPU {uuid} is lost (in {function})")
+        self.uuid = uuid
+        self.function = function
+
+
+def is_not_supported(exc: BaseException) -> bool:
+    return nvml_code(exc) in _NOT_SUPPORTED
+
+
+def is_lost(exc: BaseException) -> bool:
+    return nvml_code(exc) in _LOST
+
+
+def is_not_found(exc: BaseException) -> bool:
+    return nvml_code(exc) == pynvml.NVML_ERROR_NOT_FOUND
+
+
+def is_unavailable(exc: BaseException) -> bool:
+    return nvml_code(exc) in _UNAVAILABLE
+
+
+_CAMEL = re.compile(r"(?<!^)(?=[A-Z])")
+
+
+def error_name(exc: BaseException) -> str:
+    """A stable snake_case label for an error: NVMLError_GpuIsLost -> gpu_is_lost."""
+    if isinstance(exc, pynvml.NVMLError):
+        name = type(exc).__name__.removeprefix("NVMLError_")
+        if name == "NVMLError":  # a code pynvml has no subclass for
+            return f"code_{getattr(exc, 'value', 'unknown')}"
+        return _CAMEL.sub("_", name).lower()
+    return _CAMEL.sub("_", type(exc).__name__).lower()
+
+
+class ErrorCounter:
+    """Thread-safe ``(function, error) -> count``, read by the self-metrics collector."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: Counter[tuple[str, str]] = Counter()
+
+    def add(self, function: str, error: str) -> None:
+        with self._lock:
+            self._counts[(function, error)] += 1
+
+    def snapshot(self) -> dict[tuple[str, str], int]:
+        with self._lock:
+            return dict(self._counts)
+
+
+def value_of(obj: Any) -> Any:
+    """ctypes scalars and plain ints alike."""
+    return getattr(obj, "value", obj)

@@ -1,0 +1,566 @@
+"""The sampler: runs every collector on every device at its cadence, off the event loop.
+
+Each (collector, device) pair is a *job*. A round submits the due jobs to the worker pool and
+waits at most ``min(nvml_timeout, interval)``; a job still running then is abandoned (its thread is
+replaced), counted as a timeout against the NVML function it was stuck in, and skipped in later
+rounds until its call returns. Its last good samples stay in the exposition, and
+``gpu_exporter_sample_age_seconds`` shows how old they are. So a hung call delays nothing else:
+not other devices, not other collectors, not scrapes (which only ever read cached bytes).
+
+A job that meets GpuIsLost marks its GPU down (``gpu_up 0``), withdraws that GPU's series and
+re-probes it with exponential backoff; the other GPUs carry on untouched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import suppress
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Protocol
+
+import pynvml
+
+from . import identity
+from .collectors import ALL_COLLECTORS, Cadence, Collector, CollectorContext, SampleWriter
+from .config import Config
+from .devices import Device, DeviceId, Gpu, SystemInfo, discover_gpu, read_system_info
+from .exposition import Exposition, Family, Sample, counter, gauge, label_string, render
+from .ledger import ActivityLedger
+from .logs import RateLimiter, get_logger
+from .nvml import (
+    DeviceCalls,
+    DeviceLost,
+    ErrorCounter,
+    NvmlUnavailable,
+    PoolExhausted,
+    SupportRegistry,
+    WorkerPool,
+    error_name,
+)
+from .nvml.errors import is_unavailable
+
+COLLECTOR_SUCCESS = gauge(
+    "gpu_exporter_collector_success", "1 when the collector's last run succeeded on every device."
+)
+COLLECTOR_DURATION = gauge(
+    "gpu_exporter_collector_duration_seconds",
+    "Time the collector's last run spent on worker threads, summed over devices, in seconds.",
+)
+SAMPLE_AGE = gauge(
+    "gpu_exporter_sample_age_seconds",
+    "Age of the collector's oldest device sample now served, in seconds (grows while it fails).",
+)
+SOURCE_UP = gauge("gpu_exporter_source_up", "1 when the data source answers, else 0.")
+NVML_ERRORS = counter(
+    "gpu_exporter_nvml_errors_total", "NVML calls that failed, by function and error."
+)
+HUNG_CALLS = gauge(
+    "gpu_exporter_nvml_hung_calls", "NVML calls given up on after the timeout and still running."
+)
+SELF_FAMILIES = (
+    COLLECTOR_SUCCESS,
+    COLLECTOR_DURATION,
+    SAMPLE_AGE,
+    SOURCE_UP,
+    NVML_ERRORS,
+    HUNG_CALLS,
+)
+
+MAX_PROBE_BACKOFF = 60.0
+_log = get_logger("sampler")
+
+
+class DeviceListener(Protocol):
+    """Told on the event loop when a GPU is lost and when it answers again (after a reset)."""
+
+    def device_lost(self, gpu: DeviceId) -> None: ...
+
+    def device_recovered(self, gpu: DeviceId) -> None: ...
+
+
+class SampleSource(Protocol):
+    """Series that other parts (Xid, allocation) add to the exposition; read on the event loop."""
+
+    families: Sequence[Family]
+
+    def samples(self) -> Iterable[Sample]: ...
+
+
+@dataclass
+class JobOutcome:
+    samples: list[Sample]
+    duration: float
+    failures: list[tuple[str, str]]
+
+
+@dataclass(eq=False)
+class Job:
+    collector: Collector
+    calls: DeviceCalls
+    future: concurrent.futures.Future[JobOutcome] | None = None
+    samples: list[Sample] = field(default_factory=list)
+    ok: bool = True
+    duration: float = 0.0
+    last_success: float | None = None
+
+    @property
+    def name(self) -> str:
+        return self.collector.name
+
+    @property
+    def hung(self) -> bool:
+        return self.future is not None and not self.future.done()
+
+
+@dataclass(eq=False)
+class GpuState:
+    index: int
+    gpu: Gpu | None
+    up: bool = True
+    jobs: list[Job] = field(default_factory=list)
+    backoff: float = 1.0
+    next_probe: float = 0.0
+    probe: concurrent.futures.Future[Gpu] | None = None
+
+    @property
+    def up_labels(self) -> str:
+        uuid = self.gpu.device.uuid if self.gpu else ""
+        return label_string({"gpu": str(self.index), "uuid": uuid})
+
+
+class Sampler:
+    def __init__(
+        self,
+        config: Config,
+        pool: WorkerPool,
+        *,
+        collectors: Sequence[type[Collector]] = ALL_COLLECTORS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._config = config
+        self._pool = pool
+        self._collector_types = tuple(collectors)
+        self._clock = clock
+        self.ledger = ActivityLedger()
+        self._context = CollectorContext(config=config, clock=clock, ledger=self.ledger)
+        self._support = SupportRegistry()
+        self._errors = ErrorCounter()
+        self._log_limiter = RateLimiter(period=60.0, clock=clock)
+        self._sources: list[SampleSource] = []
+        self._listeners: list[DeviceListener] = []
+        self._system: SystemInfo | None = None
+        self._gpus: list[GpuState] = []
+        self._tasks: list[asyncio.Task[None]] = []
+        self._rounds_done: set[Cadence] = set()
+        self._last_round_end: float | None = None
+        self._exposition = render([], ())
+        self._family_order = self._all_families()
+        self._rendered = asyncio.Event()
+        self._nvml_up = False
+        self._event_loop: asyncio.AbstractEventLoop | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def start(self, *, background: bool = True) -> None:
+        """Initialise NVML and discover devices (on worker threads), then start sampling.
+
+        With ``background=False`` no loop runs: the caller drives rounds with
+        :meth:`sample_round` (the benchmark and deterministic tests do).
+        """
+        self._event_loop = asyncio.get_running_loop()
+        self._system = await self._blocking(self._init_nvml, self._config.init_timeout)
+        self._nvml_up = True
+        for index in range(self._system.gpu_count):
+            self._gpus.append(await self._discover_initial(index))
+        _log.info(
+            "nvml ready",
+            driver_version=self._system.driver_version,
+            gpus=self._system.gpu_count,
+            devices=sum(1 for _ in self.devices()),
+        )
+        self._render()
+        if not background:
+            return
+        self._tasks = [
+            asyncio.create_task(self._loop(Cadence.FAST, self._config.fast_interval)),
+            asyncio.create_task(self._loop(Cadence.SLOW, self._config.slow_interval)),
+        ]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+        if self._nvml_up:
+            self._nvml_up = False
+            try:
+                await self._blocking(pynvml.nvmlShutdown, 1.0)
+            except (TimeoutError, pynvml.NVMLError) as exc:
+                _log.warning("nvml shutdown failed", error=error_name(exc))
+
+    def add_listener(self, listener: DeviceListener) -> None:
+        self._listeners.append(listener)
+
+    def add_source(self, source: SampleSource) -> None:
+        self._sources.append(source)
+        self._family_order = self._all_families()
+
+    # -- what the HTTP side reads ------------------------------------------------------------
+
+    @property
+    def exposition(self) -> Exposition:
+        return self._exposition
+
+    @property
+    def ready(self) -> bool:
+        return {Cadence.FAST, Cadence.SLOW} <= self._rounds_done
+
+    @property
+    def system(self) -> SystemInfo | None:
+        return self._system
+
+    def devices(self) -> Iterator[Device]:
+        for state in self._gpus:
+            if state.gpu is not None:
+                yield from state.gpu.devices()
+
+    def healthy(self) -> bool:
+        """The sampler is alive: its loops run and the fast round completed recently."""
+        if not self._tasks or any(task.done() for task in self._tasks):
+            return False
+        if self._last_round_end is None:
+            return True  # still in the first round
+        stall_limit = max(5 * self._config.fast_interval, 10.0)
+        return self._clock() - self._last_round_end < stall_limit
+
+    async def wait_for_render(self) -> None:
+        """Wait for the next render (tests and callers that need fresh data await this)."""
+        self._rendered.clear()
+        await self._rendered.wait()
+
+    # -- startup -----------------------------------------------------------------------------
+
+    @staticmethod
+    def _init_nvml() -> SystemInfo:
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as exc:
+            if is_unavailable(exc):
+                raise NvmlUnavailable(str(exc)) from exc
+            raise
+        return read_system_info()
+
+    async def _discover_initial(self, index: int) -> GpuState:
+        try:
+            gpu = await self._blocking(self._discovery(index), self._config.init_timeout)
+        except (DeviceLost, TimeoutError) as exc:
+            _log.error("gpu did not answer at startup; will re-probe", gpu=index, error=str(exc))
+            state = GpuState(index, None, up=False)
+            self._schedule_probe(state)
+            return state
+        state = GpuState(index, gpu)
+        state.jobs = self._make_jobs(gpu)
+        return state
+
+    def _make_jobs(self, gpu: Gpu) -> list[Job]:
+        jobs = []
+        for device in gpu.devices():
+            for collector_type in self._collector_types:
+                if collector_type.applies_to(device):
+                    collector = collector_type(device, self._context)
+                    calls = DeviceCalls(
+                        device.uuid,
+                        self._support,
+                        self._errors,
+                        collector=collector.name,
+                        lost_uuid=device.gpu_uuid,
+                    )
+                    jobs.append(Job(collector, calls))
+        return jobs
+
+    # -- rounds ------------------------------------------------------------------------------
+
+    async def _loop(self, cadence: Cadence, interval: float) -> None:
+        loop = asyncio.get_running_loop()
+        next_tick = loop.time()
+        while True:
+            await self.sample_round(cadence)
+            next_tick += interval
+            now = loop.time()
+            if next_tick < now:  # overran: skip missed ticks rather than burst
+                next_tick = now
+            await asyncio.sleep(next_tick - now)
+
+    async def sample_round(self, cadence: Cadence) -> None:
+        """Sample every device for one cadence, then render the exposition."""
+        interval = (
+            self._config.fast_interval if cadence is Cadence.FAST else self._config.slow_interval
+        )
+        try:
+            await self._round(cadence, interval)
+        except Exception:  # a bug in one round must not stop sampling forever
+            _log.exception("sampling round failed", cadence=cadence.value)
+        self._rounds_done.add(cadence)
+        if cadence is Cadence.FAST:
+            self._last_round_end = self._clock()
+        self._render()
+
+    async def _round(self, cadence: Cadence, interval: float) -> None:
+        if cadence is Cadence.FAST:
+            self._probe_lost_gpus()
+        if cadence is Cadence.SLOW:
+            self._refresh_inventory()
+        pending: dict[asyncio.Future[JobOutcome], tuple[GpuState, Job]] = {}
+        for state in self._gpus:
+            if not state.up:
+                continue
+            for job in state.jobs:
+                if job.collector.cadence is not cadence:
+                    continue
+                started = self._start(job)
+                if started is not None:
+                    pending[started] = (state, job)
+        if not pending:
+            return
+        done, late = await asyncio.wait(pending, timeout=min(self._config.nvml_timeout, interval))
+        for future in done:
+            self._finish(*pending[future], future)
+        for future in late:
+            self._give_up(pending[future][1])
+
+    def _start(self, job: Job) -> asyncio.Future[JobOutcome] | None:
+        if job.hung:
+            job.ok = False  # still stuck in an earlier call: skip, keep the old samples
+            return None
+        job.calls.failures = []
+        try:
+            job.future = self._pool.submit(lambda: _run(job))
+        except PoolExhausted as exc:
+            job.ok = False
+            self._log_once(
+                ("pool", job.name), "job not started", collector=job.name, error=str(exc)
+            )
+            return None
+        wrapped = asyncio.wrap_future(job.future)
+        # An abandoned job may finish (or fail) long after its round: consume its outcome.
+        wrapped.add_done_callback(_consume)
+        return wrapped
+
+    def _finish(self, state: GpuState, job: Job, future: asyncio.Future[JobOutcome]) -> None:
+        exc = future.exception()
+        if isinstance(exc, DeviceLost):
+            self._mark_lost(state, exc)
+            return
+        if exc is not None:
+            job.ok = False
+            self._log_once(
+                (job.name, job.calls.uuid, type(exc).__name__),
+                "collector failed",
+                collector=job.name,
+                uuid=job.calls.uuid,
+                error=repr(exc),
+            )
+            return
+        outcome = future.result()
+        job.samples = outcome.samples
+        job.duration = outcome.duration
+        job.ok = not outcome.failures
+        job.last_success = self._clock()
+        if outcome.failures:
+            self._log_once(
+                (job.name, job.calls.uuid, "nvml"),
+                "nvml calls failed",
+                collector=job.name,
+                uuid=job.calls.uuid,
+                failures=[f"{function}: {error}" for function, error in outcome.failures],
+            )
+
+    def _give_up(self, job: Job) -> None:
+        function = job.calls.current_function or "unknown"
+        if job.future is not None:
+            self._pool.abandon(job.future)
+        job.ok = False
+        self._errors.add(function, "timeout")
+        self._log_once(
+            (job.name, job.calls.uuid, "timeout"),
+            "nvml call timed out; serving the last samples",
+            collector=job.name,
+            uuid=job.calls.uuid,
+            function=function,
+            timeout_s=self._config.nvml_timeout,
+        )
+
+    # -- lost GPUs and inventory changes ----------------------------------------------------
+
+    def _mark_lost(self, state: GpuState, exc: DeviceLost) -> None:
+        if not state.up:
+            return
+        state.up = False
+        state.backoff = 1.0
+        self._schedule_probe(state)
+        _log.error("gpu lost; its series are withdrawn", gpu=state.index, function=exc.function)
+        self._close_jobs(state.jobs)
+        state.jobs = []
+        if state.gpu is not None:
+            for device in state.gpu.devices():
+                self.ledger.forget(device.uuid)
+            self._notify("device_lost", state.gpu.device.id)
+
+    def _schedule_probe(self, state: GpuState) -> None:
+        state.next_probe = self._clock() + state.backoff
+        state.backoff = min(state.backoff * 2, MAX_PROBE_BACKOFF)
+
+    def _probe_lost_gpus(self) -> None:
+        now = self._clock()
+        for state in self._gpus:
+            if state.up:
+                continue
+            if state.probe is not None and state.probe.done():
+                self._probe_result(state, state.probe)
+                state.probe = None
+            elif state.probe is None and now >= state.next_probe:
+                try:
+                    state.probe = self._pool.submit(self._discovery(state.index))
+                except PoolExhausted:
+                    self._schedule_probe(state)
+
+    def _probe_result(self, state: GpuState, probe: concurrent.futures.Future[Gpu]) -> None:
+        exc = probe.exception()
+        if exc is not None:
+            self._schedule_probe(state)
+            return
+        gpu = probe.result()
+        self._support.forget(gpu.device.uuid)
+        state.gpu, state.up, state.backoff = gpu, True, 1.0
+        state.jobs = self._make_jobs(gpu)
+        _log.info("gpu is back", gpu=state.index, uuid=gpu.device.uuid)
+        self._notify("device_recovered", gpu.device.id)
+
+    def _refresh_inventory(self) -> None:
+        """Pick up MIG reconfiguration: rediscover each GPU and rebuild jobs where it changed."""
+        for state in self._gpus:
+            if not state.up or state.gpu is None:
+                continue
+            try:
+                future = self._pool.submit(self._discovery(state.index))
+            except PoolExhausted:
+                return
+            future.add_done_callback(
+                partial(self._from_thread, self._apply_inventory, state, state.gpu)
+            )
+
+    def _apply_inventory(
+        self, state: GpuState, previous: Gpu, future: concurrent.futures.Future[Gpu]
+    ) -> None:
+        if future.exception() is not None or state.gpu is not previous or not state.up:
+            return  # lost in the meantime, or already replaced: the probe path handles it
+        gpu = future.result()
+        if [d.id for d in gpu.devices()] == [d.id for d in previous.devices()]:
+            return
+        _log.info("device layout changed", gpu=state.index, devices=len(list(gpu.devices())))
+        self._close_jobs(state.jobs)
+        state.gpu, state.jobs = gpu, self._make_jobs(gpu)
+
+    def _notify(self, event: str, gpu: DeviceId) -> None:
+        for listener in self._listeners:
+            try:
+                getattr(listener, event)(gpu)
+            except Exception:  # a listener's bug must not stop sampling
+                _log.exception("device listener failed", listener=type(listener).__name__)
+
+    def _discovery(self, index: int) -> Callable[[], Gpu]:
+        return partial(discover_gpu, index, self._support, self._errors)
+
+    def _from_thread(self, fn: Callable[..., None], *args: Any) -> None:
+        """Run ``fn(*args)`` on the event loop (called from a worker thread)."""
+        loop = self._event_loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(fn, *args)
+
+    def _close_jobs(self, jobs: list[Job]) -> None:
+        def close_all() -> None:
+            for job in jobs:
+                with suppress(Exception):  # the device may be gone; nothing left to release
+                    job.collector.close(job.calls)
+
+        with suppress(PoolExhausted, RuntimeError):
+            self._pool.submit(close_all)
+
+    # -- rendering ---------------------------------------------------------------------------
+
+    def _render(self) -> None:
+        self._exposition = render(self._collect_samples(), self._family_order)
+        self._rendered.set()
+
+    def _collect_samples(self) -> Iterator[Sample]:
+        driver = self._system.driver_version if self._system else ""
+        yield identity.build_info(self._system)
+        for state in self._gpus:
+            if state.gpu is not None:
+                devices = state.gpu.devices() if state.up else iter((state.gpu.device,))
+                yield from identity.identity_samples(devices, driver)
+            yield identity.up_sample(state.up_labels, state.up)
+        for state in self._gpus:
+            for job in state.jobs:
+                yield from job.samples
+        for source in self._sources:
+            yield from source.samples()
+        yield from self._self_samples()
+
+    def _self_samples(self) -> Iterator[Sample]:
+        now = self._clock()
+        by_collector: dict[str, list[Job]] = {c.name: [] for c in self._collector_types}
+        for state in self._gpus:
+            for job in state.jobs:
+                by_collector[job.name].append(job)
+        for name, jobs in by_collector.items():
+            labels = label_string({"collector": name})
+            yield Sample(COLLECTOR_SUCCESS, labels, 1.0 if all(j.ok for j in jobs) else 0.0)
+            yield Sample(COLLECTOR_DURATION, labels, sum(j.duration for j in jobs))
+            ages = [now - (j.last_success or now) for j in jobs]
+            yield Sample(SAMPLE_AGE, labels, max(ages, default=0.0))
+        yield Sample(SOURCE_UP, label_string({"source": "nvml"}), 1.0 if self._nvml_up else 0.0)
+        for (function, error), count in sorted(self._errors.snapshot().items()):
+            yield Sample(NVML_ERRORS, label_string({"function": function, "error": error}), count)
+        yield Sample(HUNG_CALLS, "", float(self._pool.abandoned_count))
+
+    def _all_families(self) -> list[Family]:
+        families: list[Family] = list(identity.FAMILIES)
+        for collector_type in self._collector_types:
+            families.extend(collector_type.families)
+        for source in self._sources:
+            families.extend(source.families)
+        families.extend(SELF_FAMILIES)
+        return families
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    async def _blocking(self, fn: Callable[[], Any], limit: float) -> Any:
+        future = self._pool.submit(fn)
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(future), limit)
+        except TimeoutError:
+            self._pool.abandon(future)
+            raise
+
+    def _log_once(self, key: object, event: str, **fields: Any) -> None:
+        suppressed = self._log_limiter.allow(key)
+        if suppressed is not None:
+            _log.warning(event, suppressed=suppressed, **fields)
+
+
+def _run(job: Job) -> JobOutcome:
+    """The worker-thread side of a job."""
+    started = time.perf_counter()
+    writer = SampleWriter(job.collector.device.id.labels)
+    job.collector.collect(job.calls, writer)
+    return JobOutcome(writer.samples, time.perf_counter() - started, list(job.calls.failures))
+
+
+def _consume(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()

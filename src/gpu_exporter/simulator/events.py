@@ -1,0 +1,229 @@
+"""Validation of timeline and injected events, one entry per event ``type``.
+
+Each type lists its keys and turns the raw mapping into normalised ``params``; the node applies
+them (see :mod:`gpu_exporter.simulator.node`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gpu_exporter.simulator import schema as s
+from gpu_exporter.simulator.errors import Invalid
+from gpu_exporter.simulator.scenario import (
+    ALLOCATION_KEYS,
+    KMSG_ONLY_XIDS,
+    RECOVERY_ACTIONS,
+    THROTTLE_REASONS,
+    WORKLOAD_KEYS,
+    GpuSpec,
+    build_allocation,
+    build_workload,
+    gpu_index,
+)
+from gpu_exporter.simulator.units import parse_duration
+
+Params = dict[str, Any]
+Validator = Callable[[Mapping[str, Any], str, Sequence[GpuSpec]], Params]
+
+
+@dataclass(frozen=True)
+class EventType:
+    keys: frozenset[str]
+    required: frozenset[str]
+    validate: Validator
+
+
+def targets(body: Mapping[str, Any], path: str, gpus: Sequence[GpuSpec]) -> tuple[int, ...]:
+    """``gpu``: an index, a list of indices, or ``all``."""
+    raw = body.get("gpu")
+    if raw == "all":
+        return tuple(range(len(gpus)))
+    if isinstance(raw, list):
+        if not raw:
+            raise Invalid(s.key(path, "gpu"), "empty list")
+        return tuple(gpu_index(g, s.item(s.key(path, "gpu"), i), gpus) for i, g in enumerate(raw))
+    return (gpu_index(raw, s.key(path, "gpu"), gpus),)
+
+
+def _need(gpus: Sequence[GpuSpec], indices: Sequence[int], path: str, what: str) -> None:
+    """Reject memory-repair events on models that lack the mechanism."""
+    for i in indices:
+        model = gpus[i].model
+        ok = model.row_remapping if what == "row_remap" else model.page_retirement
+        if not ok:
+            mechanism = "row remapping" if what == "row_remap" else "page retirement"
+            raise Invalid(s.key(path, "gpu"), f"gpu {i} ({model.key}) has no {mechanism}")
+
+
+def _xid(body: Mapping[str, Any], path: str, gpus: Sequence[GpuSpec]) -> Params:
+    code = s.integer(body["code"], s.key(path, "code"), 1, 999)
+    default = "kmsg" if code in KMSG_ONLY_XIDS else "both"
+    params: Params = {
+        "gpus": targets(body, path, gpus),
+        "code": code,
+        "delivery": s.choice(body.get("delivery", default), s.key(path, "delivery"), _DELIVERY),
+        "pid": s.integer(body["pid"], s.key(path, "pid"), 1) if "pid" in body else None,
+        "process_name": (
+            s.text(body["process_name"], s.key(path, "process_name"))
+            if "process_name" in body
+            else None
+        ),
+        "message": s.text(body["message"], s.key(path, "message")) if "message" in body else None,
+        "mig": None,
+    }
+    if "mig" in body:
+        if len(params["gpus"]) != 1:
+            raise Invalid(s.key(path, "mig"), "mig needs a single gpu")
+        gpu = gpus[params["gpus"][0]]
+        if not gpu.mig:
+            raise Invalid(s.key(path, "mig"), f"gpu {gpu.index} has no MIG instances")
+        params["mig"] = s.integer(body["mig"], s.key(path, "mig"), 0, len(gpu.mig) - 1)
+    return params
+
+
+_DELIVERY = {"nvml", "kmsg", "both"}
+
+
+def _gpus_only(body: Mapping[str, Any], path: str, gpus: Sequence[GpuSpec]) -> Params:
+    return {"gpus": targets(body, path, gpus)}
+
+
+def _throttle(body: Mapping[str, Any], path: str, gpus: Sequence[GpuSpec]) -> Params:
+    state = body.get("state", "on")
+    # YAML 1.1 reads a bare on/off as a boolean.
+    if isinstance(state, bool):
+        state = "on" if state else "off"
+    reasons = [n for n in THROTTLE_REASONS if n != "gpu_idle"]
+    params: Params = {
+        "gpus": targets(body, path, gpus),
+        "reason": s.choice(body["reason"], s.key(path, "reason"), reasons),
+        "state": s.choice(state, s.key(path, "state"), {"on", "off"}),
+        "duration": None,
+    }
+    if "duration" in body:
+        if params["state"] != "on":
+            raise Invalid(s.key(path, "duration"), "a duration only applies to state: on")
+        params["duration"] = parse_duration(body["duration"], s.key(path, "duration"))
+    return params
+
+
+def _ecc(body: Mapping[str, Any], path: str, gpus: Sequence[GpuSpec]) -> Params:
+    indices = targets(body, path, gpus)
+    for i in indices:
+        if not gpus[i].ecc:
+            raise Invalid(s.key(path, "gpu"), f"ECC is disabled on gpu {i}")
+    corrected = s.integer(body.get("corrected", 0), s.key(path, "corrected"), 0)
+    uncorrected = s.integer(body.get("uncorrected", 0), s.key(path, "uncorrected"), 0)
+    if corrected == uncorrected == 0:
+        raise Invalid(path, "give corrected and/or uncorrected counts")
+    return {"gpus": indices, "corrected": corrected, "uncorrected": uncorrected}
+
+
+def _row_remap(body: Mapping[str, Any], path: str, gpus: Sequence[GpuSpec]) -> Params:
+    indices = targets(body, path, gpus)
+    _need(gpus, indices, path, "row_remap")
+    cause = s.choice(
+        body.get("cause", "uncorrectable"), s.key(path, "cause"), {"correctable", "uncorrectable"}
+    )
+    return {
+        "gpus": indices,
+        "cause": cause,
+        "rows": s.integer(body.get("rows", 1), s.key(path, "rows"), 1),
+    }
+
+
+def _row_remap_failure(body: Mapping[str, Any], path: str, gpus: Sequence[GpuSpec]) -> Params:
+    indices = targets(body, path, gpus)
+    _need(gpus, indices, path, "row_remap")
+    return {"gpus": indices}
+
+
+def _retired_pages(body: Mapping[str, Any], path: str, gpus: Sequence[GpuSpec]) -> Params:
+    indices = targets(body, path, gpus)
+    _need(gpus, indices, path, "page_retirement")
+    return {
+        "gpus": indices,
+        "cause": s.choice(
+            body.get("cause", "double_bit"), s.key(path, "cause"), {"single_bit", "double_bit"}
+        ),
+        "count": s.integer(body.get("count", 1), s.key(path, "count"), 1),
+        "pending": s.boolean(body.get("pending", True), s.key(path, "pending")),
+    }
+
+
+def _recovery_action(body: Mapping[str, Any], path: str, gpus: Sequence[GpuSpec]) -> Params:
+    return {
+        "gpus": targets(body, path, gpus),
+        "action": s.choice(body["action"], s.key(path, "action"), RECOVERY_ACTIONS),
+    }
+
+
+def _allocate(body: Mapping[str, Any], path: str, gpus: Sequence[GpuSpec]) -> Params:
+    from gpu_exporter.simulator.scenario import device_of
+
+    gpu, mig = device_of(body, path, gpus)
+    params: Params = {"allocation": build_allocation(body, path, gpus[gpu], mig), "workload": None}
+    if "workload" in body:
+        wpath = s.key(path, "workload")
+        raw = s.mapping(body["workload"], wpath, WORKLOAD_KEYS - {"gpu", "mig", "pod", "namespace"})
+        merged = {"pod": body["pod"], "namespace": body.get("namespace", "default"), **raw}
+        merged.setdefault("container", body.get("container", "main"))
+        params["workload"] = build_workload(merged, wpath, gpu, mig)
+    return params
+
+
+def _release(body: Mapping[str, Any], path: str, gpus: Sequence[GpuSpec]) -> Params:
+    return {
+        "pod": s.text(body["pod"], s.key(path, "pod")),
+        "namespace": s.text(body.get("namespace", "default"), s.key(path, "namespace")),
+        "gpu": gpu_index(body["gpu"], s.key(path, "gpu"), gpus) if "gpu" in body else None,
+    }
+
+
+def _hang(body: Mapping[str, Any], path: str, gpus: Sequence[GpuSpec]) -> Params:
+    from gpu_exporter.simulator.library import C_FUNCTIONS  # the library needs this module
+
+    params: Params = {
+        "function": s.choice(body["function"], s.key(path, "function"), C_FUNCTIONS),
+        "gpu": gpu_index(body["gpu"], s.key(path, "gpu"), gpus) if "gpu" in body else None,
+        "duration": None,
+    }
+    if "duration" in body:
+        params["duration"] = parse_duration(body["duration"], s.key(path, "duration"))
+    return params
+
+
+def _unhang(body: Mapping[str, Any], path: str, gpus: Sequence[GpuSpec]) -> Params:
+    return {
+        "function": s.text(body["function"], s.key(path, "function"))
+        if "function" in body
+        else None,
+        "gpu": gpu_index(body["gpu"], s.key(path, "gpu"), gpus) if "gpu" in body else None,
+    }
+
+
+def _type(keys: set[str], required: set[str], validate: Validator) -> EventType:
+    return EventType(frozenset(keys), frozenset(required), validate)
+
+
+_GPU = {"gpu"}
+EVENT_TYPES: Mapping[str, EventType] = {
+    "xid": _type(
+        {"gpu", "code", "pid", "process_name", "delivery", "message", "mig"}, {"gpu", "code"}, _xid
+    ),
+    "gpu_lost": _type(_GPU, _GPU, _gpus_only),
+    "gpu_recovered": _type(_GPU, _GPU, _gpus_only),
+    "throttle": _type({"gpu", "reason", "state", "duration"}, {"gpu", "reason"}, _throttle),
+    "ecc": _type({"gpu", "corrected", "uncorrected"}, _GPU, _ecc),
+    "row_remap": _type({"gpu", "cause", "rows"}, _GPU, _row_remap),
+    "row_remap_failure": _type(_GPU, _GPU, _row_remap_failure),
+    "retired_pages": _type({"gpu", "cause", "count", "pending"}, _GPU, _retired_pages),
+    "recovery_action": _type({"gpu", "action"}, {"gpu", "action"}, _recovery_action),
+    "allocate": _type({*ALLOCATION_KEYS, "workload"}, {"gpu", "pod"}, _allocate),
+    "release": _type({"pod", "namespace", "gpu"}, {"pod"}, _release),
+    "hang": _type({"function", "gpu", "duration"}, {"function"}, _hang),
+    "unhang": _type({"function", "gpu"}, set(), _unhang),
+}

@@ -1,0 +1,125 @@
+"""The fake ``libnvidia-ml``: an object whose attributes are NVML's C functions.
+
+Each attribute is a plain function (pynvml sets ``restype`` on some, which a bound method would
+refuse) that returns an ``nvmlReturn_t`` int and never raises: an unexpected exception becomes
+NVML_ERROR_UNKNOWN (999) and is logged, as a C library cannot raise into Python.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from gpu_exporter.simulator.errors import NvmlFailure
+from gpu_exporter.simulator.nvml_base import UNINITIALIZED, UNKNOWN
+from gpu_exporter.simulator.nvml_gpm_events import GpmEventFunctions
+from gpu_exporter.simulator.nvml_identity import IdentityFunctions
+from gpu_exporter.simulator.nvml_telemetry import TelemetryFunctions
+
+if TYPE_CHECKING:
+    from gpu_exporter.simulator.node import SimulatedNode
+
+log = logging.getLogger(__name__)
+
+ERROR_STRINGS = {
+    0: "Success",
+    1: "Uninitialized",
+    2: "Invalid Argument",
+    3: "Not Supported",
+    4: "Insufficient Permissions",
+    5: "Already Initialized",
+    6: "Not Found",
+    7: "Insufficient Size",
+    9: "Driver Not Loaded",
+    10: "Timeout",
+    12: "NVML Shared Library Not Found",
+    13: "Function Not Found",
+    15: "GPU is lost",
+    25: "Argument version mismatch",
+    29: "Invalid state",
+    999: "Unknown Error",
+}
+# Functions usable before nvmlInit, and those that block and so must not hold the node lock.
+NO_INIT = frozenset({"nvmlInitWithFlags", "nvmlInit_v2"})
+UNLOCKED = frozenset({"nvmlEventSetWait_v2"})
+
+
+class NvmlFunctions(IdentityFunctions, TelemetryFunctions, GpmEventFunctions):
+    """All implemented NVML functions; method names are the C symbols pynvml looks up."""
+
+
+C_FUNCTIONS = frozenset(
+    name for name in dir(NvmlFunctions) if name.startswith("nvml") and not name.startswith("_")
+) | {"nvmlErrorString"}
+
+
+def nvml_error_string(result: Any) -> bytes:
+    code = int(getattr(result, "value", result))
+    return ERROR_STRINGS.get(code, f"Unknown Error ({code})").encode()
+
+
+class FakeNvmlLibrary:
+    """Stands in for ``CDLL("libnvidia-ml.so.1")``; see :func:`gpu_exporter.simulator.install`."""
+
+    def __init__(self, node: SimulatedNode) -> None:
+        self.node = node
+        functions = NvmlFunctions(node)
+        for name in C_FUNCTIONS - {"nvmlErrorString"}:
+            setattr(self, name, _entry_point(node, name, getattr(functions, name)))
+        self.nvmlErrorString = _plain(nvml_error_string)
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        # Only reached for functions the simulator lacks: pynvml turns this into
+        # NVMLError_FunctionNotFound, as with a real library missing a symbol.
+        raise AttributeError(name)
+
+
+def _plain(function: Callable[[Any], bytes]) -> Callable[[Any], bytes]:
+    """A fresh function object, so pynvml setting ``restype`` on it touches nothing shared."""
+
+    def nvmlErrorString(result: Any) -> bytes:
+        return function(result)
+
+    return nvmlErrorString
+
+
+def _entry_point(node: SimulatedNode, name: str, method: Callable[..., int]) -> Callable[..., int]:
+    def entry(*args: Any) -> int:
+        try:
+            return _call(node, name, method, args)
+        except NvmlFailure as failure:
+            return failure.code
+        except Exception:
+            log.exception("simulated %s failed", name)
+            return UNKNOWN
+
+    entry.__name__ = entry.__qualname__ = name
+    return entry
+
+
+def _call(node: SimulatedNode, name: str, method: Callable[..., int], args: tuple[Any, ...]) -> int:
+    if name not in NO_INIT and node.init_count == 0:
+        return UNINITIALIZED
+    node.advance(integrate=False)
+    _wait_if_hung(node, name, args)
+    if name in UNLOCKED:
+        return method(*args)
+    with node.lock:
+        return method(*args)
+
+
+def _wait_if_hung(node: SimulatedNode, name: str, args: tuple[Any, ...]) -> None:
+    hang = node.hang_for(name, _gpu_index(node, name, args))
+    if hang is not None:
+        hang.released.wait(hang.remaining())
+
+
+def _gpu_index(node: SimulatedNode, name: str, args: tuple[Any, ...]) -> int | None:
+    """Which GPU a call concerns (for hangs scoped to one GPU), if any."""
+    if not args:
+        return None
+    if name == "nvmlDeviceGetHandleByIndex_v2":
+        return int(getattr(args[0], "value", args[0]))
+    device = node.device_of(args[0])
+    return device.gpu.index if device is not None else None

@@ -1,0 +1,101 @@
+"""GPU model catalogue, read from ``data/models.yaml``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import yaml
+
+
+@dataclass(frozen=True)
+class MigProfile:
+    """A GPU instance profile (NVML_GPU_INSTANCE_PROFILE_*)."""
+
+    name: str
+    profile_id: int
+    slices: int
+    instances: int
+    memory_mib: int
+    sms: int
+
+
+@dataclass(frozen=True)
+class GpuModel:
+    """Static facts of one GPU model."""
+
+    key: str
+    name: str
+    architecture: int
+    pci_device_id: int
+    memory_mib: int
+    reserved_mib: int
+    power_limit_w: float
+    idle_power_w: float
+    max_sm_clock_mhz: int
+    idle_sm_clock_mhz: int
+    max_mem_clock_mhz: int
+    sm_count: int
+    gpm: bool
+    ecc_default: bool
+    memory_repair: str
+    field_ids: frozenset[int]
+    mig_profiles: Mapping[str, MigProfile]
+
+    @property
+    def supports_mig(self) -> bool:
+        return bool(self.mig_profiles)
+
+    @property
+    def row_remapping(self) -> bool:
+        return self.memory_repair == "row_remap"
+
+    @property
+    def page_retirement(self) -> bool:
+        return self.memory_repair == "page_retirement"
+
+
+# Every MIG-capable model here has 7 compute slices.
+MIG_SLICES = 7
+
+
+def _model(key: str, raw: Mapping[str, Any]) -> GpuModel:
+    profiles = {
+        name: MigProfile(
+            name=name,
+            profile_id=int(p["id"]),
+            slices=int(p["slices"]),
+            instances=int(p["instances"]),
+            memory_mib=int(p["memory_mib"]),
+            sms=int(p["sms"]),
+        )
+        for name, p in (raw.get("mig_profiles") or {}).items()
+    }
+    return GpuModel(
+        key=key,
+        name=str(raw["name"]),
+        architecture=int(raw["architecture"]),
+        pci_device_id=int(raw["pci_device_id"]),
+        memory_mib=int(raw["memory_mib"]),
+        reserved_mib=int(raw["reserved_mib"]),
+        power_limit_w=float(raw["power_limit_w"]),
+        idle_power_w=float(raw["idle_power_w"]),
+        max_sm_clock_mhz=int(raw["max_sm_clock_mhz"]),
+        idle_sm_clock_mhz=int(raw["idle_sm_clock_mhz"]),
+        max_mem_clock_mhz=int(raw["max_mem_clock_mhz"]),
+        sm_count=int(raw["sm_count"]),
+        gpm=bool(raw["gpm"]),
+        ecc_default=bool(raw["ecc_default"]),
+        memory_repair=str(raw["memory_repair"]),
+        field_ids=frozenset(int(f) for f in raw["field_ids"]),
+        mig_profiles=profiles,
+    )
+
+
+def load_models() -> Mapping[str, GpuModel]:
+    """The model catalogue (the data file ships with the package)."""
+    text = resources.files("gpu_exporter.simulator").joinpath("data/models.yaml").read_text()
+    raw: Mapping[str, Mapping[str, Any]] = yaml.safe_load(text)
+    return {key: _model(key, spec) for key, spec in raw.items()}

@@ -1,0 +1,380 @@
+"""The simulated node: GPUs, workloads, allocations and the timeline that changes them."""
+
+from __future__ import annotations
+
+import ctypes
+import heapq
+import itertools
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pynvml
+
+from gpu_exporter.simulator.devices import Device, GpuDevice, MigDevice, Workload
+from gpu_exporter.simulator.kmsg import PROCESS_XIDS, XID_TEXT, KmsgLog, xid_message
+from gpu_exporter.simulator.scenario import (
+    RECOVERY_ACTIONS,
+    AllocationSpec,
+    EventSpec,
+    Scenario,
+    WorkloadSpec,
+    parse_events,
+)
+
+NO_INSTANCE = 0xFFFFFFFF
+XID_EVENT = 0x8
+SINGLE_BIT_ECC_EVENT = 0x1
+DOUBLE_BIT_ECC_EVENT = 0x2
+FIRST_PID = 210001
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """Who holds a device, as the kubelet would report it (``device_id`` is what it lists)."""
+
+    spec: AllocationSpec
+    uuid: str
+    device_id: str
+
+
+@dataclass
+class Hang:
+    """Calls to ``function`` (on ``gpu``, or any) block until ``deadline`` or release."""
+
+    function: str
+    gpu: int | None
+    deadline: float | None
+    released: threading.Event = field(default_factory=threading.Event)
+
+    def remaining(self) -> float | None:
+        return None if self.deadline is None else self.deadline - time.monotonic()
+
+
+@dataclass(frozen=True)
+class QueuedEvent:
+    device: GpuDevice | None
+    event_type: int
+    data: int
+    gpu_instance_id: int = NO_INSTANCE
+    compute_instance_id: int = NO_INSTANCE
+    lost: bool = False
+
+
+class EventSet:
+    """An NVML event set: registrations per GPU and a queue that wakes waiting threads."""
+
+    def __init__(self) -> None:
+        self.handle = pynvml.struct_c_nvmlEventSet_t()
+        self.condition = threading.Condition()
+        self.queue: deque[QueuedEvent] = deque()
+        self.masks: dict[int, int] = {}
+        self.freed = False
+
+    def push(self, event: QueuedEvent) -> None:
+        with self.condition:
+            self.queue.append(event)
+            self.condition.notify_all()
+
+
+@dataclass(frozen=True)
+class GpmSample:
+    """What a GPM sample recorded: the device, the time and the activity integrals."""
+
+    device: Device
+    t: float
+    integrals: Mapping[str, float]
+
+
+class SimulatedNode:
+    """Simulated GPUs and their timeline; ``library`` is the fake ``libnvidia-ml``."""
+
+    def __init__(self, scenario: Scenario, clock: Callable[[], float] = time.monotonic) -> None:
+        from gpu_exporter.simulator.library import FakeNvmlLibrary  # the library needs this class
+
+        self.scenario = scenario
+        self.lock = threading.RLock()
+        self.kmsg = KmsgLog(scenario.node.uptime)
+        self.gpus = [GpuDevice(g, scenario.node.name, scenario.node.uptime) for g in scenario.gpus]
+        self.handles: dict[int, Device] = {}
+        self.gpu_instances: dict[int, MigDevice] = {}
+        self.event_sets: dict[int, EventSet] = {}
+        self.gpm_samples: dict[int, GpmSample | None] = {}
+        self.gpm_structs: dict[int, Any] = {}
+        self.hangs: list[Hang] = []
+        self.applied: deque[dict[str, Any]] = deque(maxlen=1000)
+        self.init_count = 0
+        self.closed = threading.Event()
+        self._allocations = list(scenario.allocations)
+        self._pids = itertools.count(FIRST_PID)
+        self._sequence = itertools.count()
+        self._timeline: list[tuple[float, int, EventSpec]] = []
+        self._index_handles()
+        for spec in scenario.workloads:
+            self._start_workload(spec, 0.0)
+        for event in scenario.timeline:
+            self._schedule(event, event.at or 0.0)
+        self._clock = clock
+        self._t0 = clock()
+        self._last = 0.0
+        self.library = FakeNvmlLibrary(self)
+        self.advance()
+
+    # ------------------------------------------------------------------ time
+
+    def now(self) -> float:
+        """Seconds of simulated time since the node was built."""
+        return max(self._clock() - self._t0, self._last)
+
+    def advance(self, *, integrate: bool = True) -> float:
+        """Apply every timeline event whose time has come; returns the current time.
+
+        Counters (activity integrals, energy, clock-event time) are brought up to now unless
+        ``integrate`` is false: integration is additive, so callers that only read instantaneous
+        values can skip it and the next integrating call catches up exactly.
+        """
+        with self.lock:
+            t = self.now()
+            while self._timeline and self._timeline[0][0] <= t:
+                at, _, event = heapq.heappop(self._timeline)
+                self._integrate_to(at)
+                self._apply(event, at)
+                if event.repeat:
+                    self._schedule(event, at + event.repeat)
+            if integrate:
+                self._integrate_to(t)
+            return t
+
+    def _integrate_to(self, t: float) -> None:
+        if t > self._last:
+            for gpu in self.gpus:
+                gpu.advance(self._last, t)
+            self._last = t
+
+    def _schedule(self, event: EventSpec, at: float) -> None:
+        heapq.heappush(self._timeline, (at, next(self._sequence), event))
+
+    # ------------------------------------------------------------------ public control
+
+    def inject(self, event: Mapping[str, Any]) -> None:
+        """Apply one event now (a timeline entry without ``at``); ScenarioError if invalid."""
+        self.inject_many(event, "<inject>")
+
+    def inject_many(self, data: Any, source: str) -> list[dict[str, Any]]:
+        """Apply one event or a list of events now; returns what was applied."""
+        events = parse_events(data, source, self.scenario.gpus)
+        with self.lock:
+            t = self.advance()
+            for event in events:
+                self._apply(event, t)
+            return list(itertools.islice(reversed(self.applied), len(events)))[::-1]
+
+    def close(self) -> None:
+        """Release every hang and waiting event thread."""
+        self.closed.set()
+        with self.lock:
+            for hang in self.hangs:
+                hang.released.set()
+            sets = list(self.event_sets.values())
+        for event_set in sets:
+            with event_set.condition:
+                event_set.condition.notify_all()
+
+    @property
+    def kmsg_lines(self) -> list[str]:
+        """Kernel-log records emitted so far (``/dev/kmsg`` format, no trailing newline)."""
+        self.advance()
+        return self.kmsg.lines
+
+    def add_kmsg_sink(self, sink: Callable[[str], None]) -> None:
+        self.kmsg.add_sink(sink)
+
+    def add_kmsg_file(self, path: Any) -> None:
+        self.kmsg.add_file(path)
+
+    @property
+    def allocations(self) -> list[Allocation]:
+        """Current allocations with the device ids a kubelet would list."""
+        with self.lock:
+            self.advance()
+            return [self._allocation_view(a) for a in self._allocations]
+
+    def _allocation_view(self, spec: AllocationSpec) -> Allocation:
+        gpu = self.gpus[spec.gpu]
+        uuid = gpu.migs[spec.mig].uuid if spec.mig is not None else gpu.uuid
+        device_id = f"{uuid}::{spec.replica}" if spec.replica is not None else uuid
+        return Allocation(spec, uuid, device_id)
+
+    # ------------------------------------------------------------------ handles
+
+    def _index_handles(self) -> None:
+        for gpu in self.gpus:
+            self.handles[ctypes.addressof(gpu.handle)] = gpu
+            for mig in gpu.migs:
+                self.handles[ctypes.addressof(mig.handle)] = mig
+                self.gpu_instances[ctypes.addressof(mig.gi_handle)] = mig
+
+    def device_of(self, handle: Any) -> Device | None:
+        """The device behind a ``c_nvmlDevice_t``, or None."""
+        try:
+            return self.handles.get(ctypes.addressof(handle.contents))
+        except (ValueError, TypeError, AttributeError):
+            return None
+
+    # ------------------------------------------------------------------ hangs
+
+    def hang_for(self, function: str, gpu: int | None) -> Hang | None:
+        with self.lock:
+            for hang in self.hangs:
+                remaining = hang.remaining()
+                if hang.released.is_set() or (remaining is not None and remaining <= 0):
+                    continue
+                if hang.function == function and hang.gpu in (None, gpu):
+                    return hang
+        return None
+
+    # ------------------------------------------------------------------ events
+
+    def _apply(self, event: EventSpec, t: float) -> None:
+        handler: Callable[[Mapping[str, Any], float], None] = getattr(self, f"_on_{event.type}")
+        handler(event.params, t)
+        self.applied.append({"t": round(t, 6), **event.raw})
+
+    def _targets(self, params: Mapping[str, Any]) -> Iterable[GpuDevice]:
+        return (self.gpus[i] for i in params["gpus"])
+
+    def _on_xid(self, p: Mapping[str, Any], t: float) -> None:
+        for gpu in self._targets(p):
+            mig = gpu.migs[p["mig"]] if p["mig"] is not None else None
+            if p["delivery"] in ("kmsg", "both"):
+                self.kmsg.emit(self._xid_line(gpu, mig, p), t)
+            if p["delivery"] in ("nvml", "both") and not gpu.lost:
+                gi = mig.spec.gpu_instance_id if mig else NO_INSTANCE
+                ci = 0 if mig else NO_INSTANCE
+                self._deliver(gpu, QueuedEvent(gpu, XID_EVENT, p["code"], gi, ci))
+
+    def _xid_line(self, gpu: GpuDevice, mig: MigDevice | None, p: Mapping[str, Any]) -> str:
+        pid, name = p["pid"], p["process_name"]
+        if pid is None and p["code"] in PROCESS_XIDS:
+            running = mig.workloads if mig else [w for w, _ in gpu.all_workloads()]
+            if running:
+                pid, name = running[0].pid, name or running[0].spec.process_name
+        if pid is not None and name is None:
+            name = next(
+                (w.spec.process_name for w, _ in gpu.all_workloads() if w.pid == pid), "python"
+            )
+        text = p["message"] or XID_TEXT.get(p["code"], "Unknown error")
+        gi = mig.spec.gpu_instance_id if mig else None
+        return xid_message(gpu.bus, p["code"], pid, name, text, gi)
+
+    def _deliver(self, gpu: GpuDevice, event: QueuedEvent) -> None:
+        for event_set in list(self.event_sets.values()):
+            mask = event_set.masks.get(gpu.index, 0)
+            if mask and (event.lost or mask & event.event_type):
+                event_set.push(event)
+
+    def _on_gpu_lost(self, p: Mapping[str, Any], t: float) -> None:
+        for gpu in self._targets(p):
+            if not gpu.lost:
+                gpu.lost = True
+                self._deliver(gpu, QueuedEvent(gpu, 0, 0, lost=True))
+
+    def _on_gpu_recovered(self, p: Mapping[str, Any], t: float) -> None:
+        for gpu in self._targets(p):
+            gpu.reset()
+
+    def _on_throttle(self, p: Mapping[str, Any], t: float) -> None:
+        for gpu in self._targets(p):
+            if p["state"] == "on":
+                gpu.throttles.add(p["reason"])
+            else:
+                gpu.throttles.discard(p["reason"])
+        if p["duration"] is not None:
+            off = {"gpus": p["gpus"], "reason": p["reason"], "state": "off", "duration": None}
+            raw = {
+                "type": "throttle",
+                "gpu": list(p["gpus"]),
+                "reason": p["reason"],
+                "state": "off",
+            }
+            self._schedule(EventSpec("throttle", off, raw), t + p["duration"])
+
+    def _on_ecc(self, p: Mapping[str, Any], t: float) -> None:
+        for gpu in self._targets(p):
+            for kind in ("corrected", "uncorrected"):
+                gpu.errors.ecc_volatile[kind] += p[kind]
+                gpu.errors.ecc_aggregate[kind] += p[kind]
+            if p["corrected"]:
+                self._deliver(gpu, QueuedEvent(gpu, SINGLE_BIT_ECC_EVENT, 0))
+            if p["uncorrected"]:
+                self._deliver(gpu, QueuedEvent(gpu, DOUBLE_BIT_ECC_EVENT, 0))
+
+    def _on_row_remap(self, p: Mapping[str, Any], t: float) -> None:
+        for gpu in self._targets(p):
+            gpu.errors.remapped[p["cause"]] += p["rows"]
+            gpu.errors.remap_pending = True
+
+    def _on_row_remap_failure(self, p: Mapping[str, Any], t: float) -> None:
+        for gpu in self._targets(p):
+            gpu.errors.remap_failure = True
+
+    def _on_retired_pages(self, p: Mapping[str, Any], t: float) -> None:
+        for gpu in self._targets(p):
+            base = 0x1_0000_0000 + len(gpu.errors.retired) * 0x1000
+            for n in range(p["count"]):
+                gpu.errors.retired.append((p["cause"], base + n * 0x1000, p["pending"]))
+
+    def _on_recovery_action(self, p: Mapping[str, Any], t: float) -> None:
+        for gpu in self._targets(p):
+            gpu.recovery_action = RECOVERY_ACTIONS[p["action"]]
+
+    def _on_allocate(self, p: Mapping[str, Any], t: float) -> None:
+        self._allocations.append(p["allocation"])
+        if p["workload"] is not None:
+            self._start_workload(p["workload"], t)
+
+    def _on_release(self, p: Mapping[str, Any], t: float) -> None:
+        def matches(pod: str, namespace: str, gpu: int) -> bool:
+            same_gpu = p["gpu"] is None or p["gpu"] == gpu
+            return pod == p["pod"] and namespace == p["namespace"] and same_gpu
+
+        self._allocations = [a for a in self._allocations if not matches(a.pod, a.namespace, a.gpu)]
+        for gpu in self.gpus:
+            for device in [gpu, *gpu.migs]:
+                device.workloads = [
+                    w
+                    for w in device.workloads
+                    if not matches(w.spec.pod, w.spec.namespace, gpu.index)
+                ]
+
+    def _on_hang(self, p: Mapping[str, Any], t: float) -> None:
+        deadline = None if p["duration"] is None else time.monotonic() + p["duration"]
+        self.hangs.append(Hang(p["function"], p["gpu"], deadline))
+
+    def _on_unhang(self, p: Mapping[str, Any], t: float) -> None:
+        for hang in self.hangs:
+            if p["function"] in (None, hang.function) and p["gpu"] in (None, hang.gpu):
+                hang.released.set()
+        self.hangs = [h for h in self.hangs if not h.released.is_set()]
+
+    # ------------------------------------------------------------------ workloads
+
+    def _start_workload(self, spec: WorkloadSpec, t: float) -> None:
+        gpu = self.gpus[spec.gpu]
+        device: GpuDevice | MigDevice = gpu.migs[spec.mig] if spec.mig is not None else gpu
+        pid = spec.pid if spec.pid is not None else next(self._pids)
+        device.workloads.append(Workload(spec, pid, t))
+
+    # ------------------------------------------------------------------ summary
+
+    def summary(self) -> dict[str, Any]:
+        """The current state, JSON-ready (for ``GET /-/simulator/scenario``)."""
+        from gpu_exporter.simulator.summary import node_summary
+
+        with self.lock:
+            t = self.advance()
+            upcoming = sorted(self._timeline)[:20]
+            return node_summary(self, t, [(at, e.raw) for at, _, e in upcoming])

@@ -1,0 +1,80 @@
+"""Helpers shared by the fake NVML functions: argument access and device lookup.
+
+pynvml calls the fake functions with exactly the ctypes objects it builds: ``byref(x)`` arrives as
+a ``CArgObject`` whose ``_obj`` is ``x``; scalars arrive as ``c_uint``-like objects or plain ints;
+string buffers arrive as ``c_char`` arrays; NULL arrives as ``None``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import TYPE_CHECKING, Any
+
+from gpu_exporter.simulator.devices import Device, GpuDevice, MigDevice
+from gpu_exporter.simulator.errors import NvmlFailure
+
+if TYPE_CHECKING:
+    from gpu_exporter.simulator.node import SimulatedNode
+
+SUCCESS = 0
+UNINITIALIZED = 1
+INVALID_ARGUMENT = 2
+NOT_SUPPORTED = 3
+NOT_FOUND = 6
+INSUFFICIENT_SIZE = 7
+TIMEOUT = 10
+GPU_IS_LOST = 15
+ARGUMENT_VERSION_MISMATCH = 25
+UNKNOWN = 999
+
+
+def out(ref: Any) -> Any:
+    """The object behind ``byref(obj)`` (or the object itself when passed directly)."""
+    if ref is None:
+        raise NvmlFailure(INVALID_ARGUMENT)
+    return getattr(ref, "_obj", ref)
+
+
+def val(arg: Any) -> Any:
+    """The Python value of a ctypes scalar or a plain int."""
+    return getattr(arg, "value", arg)
+
+
+def write_text(buffer: Any, length: Any, text: str) -> int:
+    """Fill a ``create_string_buffer`` the way NVML does, including the size check."""
+    data = text.encode()
+    if buffer is None or len(data) + 1 > int(val(length)):
+        raise NvmlFailure(INSUFFICIENT_SIZE)
+    buffer.value = data
+    return SUCCESS
+
+
+def point(ref: Any, target: ctypes.Structure) -> None:
+    """Make the pointer behind ``byref(pointer)`` point at ``target`` (an opaque handle)."""
+    out(ref).contents = target
+
+
+class FunctionsBase:
+    """Device resolution with NVML's errors: unknown handle, lost GPU, MIG restrictions."""
+
+    def __init__(self, node: SimulatedNode) -> None:
+        self.node = node
+
+    def device(self, handle: Any) -> Device:
+        """Any device (GPU or MIG); GpuIsLost when its GPU has fallen off the bus."""
+        device = self.node.device_of(handle)
+        if device is None:
+            raise NvmlFailure(INVALID_ARGUMENT)
+        if device.gpu.lost:
+            raise NvmlFailure(GPU_IS_LOST)
+        return device
+
+    def gpu(self, handle: Any) -> GpuDevice:
+        """A whole-GPU handle; MIG handles get NotSupported (power, clocks, ECC, ...)."""
+        device = self.device(handle)
+        if isinstance(device, MigDevice):
+            raise NvmlFailure(NOT_SUPPORTED)
+        return device
+
+    def now(self) -> float:
+        return self.node.now()

@@ -1,0 +1,215 @@
+"""Fake NVML: GPM samples and metrics, and NVML event sets."""
+
+from __future__ import annotations
+
+import ctypes
+import time
+from typing import Any
+
+import pynvml
+
+from gpu_exporter.simulator.devices import Device, GpuDevice
+from gpu_exporter.simulator.errors import NvmlFailure
+from gpu_exporter.simulator.node import (
+    DOUBLE_BIT_ECC_EVENT,
+    SINGLE_BIT_ECC_EVENT,
+    XID_EVENT,
+    EventSet,
+    GpmSample,
+    QueuedEvent,
+)
+from gpu_exporter.simulator.nvml_base import (
+    ARGUMENT_VERSION_MISMATCH,
+    GPU_IS_LOST,
+    INVALID_ARGUMENT,
+    NOT_FOUND,
+    NOT_SUPPORTED,
+    SUCCESS,
+    TIMEOUT,
+    FunctionsBase,
+    out,
+    point,
+    val,
+)
+
+# GPM metric id -> the activity integral it reports (percent of the interval).
+GPM_ACTIVITY = {
+    pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL: "util",
+    pynvml.NVML_GPM_METRIC_SM_UTIL: "sm",
+    pynvml.NVML_GPM_METRIC_SM_OCCUPANCY: "occupancy",
+    pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL: "tensor",
+    pynvml.NVML_GPM_METRIC_HMMA_TENSOR_UTIL: "tensor",
+    pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL: "dram",
+}
+# Pipes and links the simulator does not model read as idle rather than unsupported.
+GPM_ZERO = frozenset({4, 6, 8, 9, 11, 12, 13, 20, 21, 60, 61})
+PSTATE_EVENT = 0x4
+CLOCK_EVENT = 0x10
+# A blocked nvmlEventSetWait wakes this often so the timeline keeps advancing.
+WAIT_POLL_S = 0.05
+
+
+class GpmEventFunctions(FunctionsBase):
+    # ------------------------------------------------------------------ GPM
+
+    def _gpm_gpu(self, handle: Any) -> GpuDevice:
+        gpu = self.gpu(handle)
+        if not gpu.model.gpm:
+            raise NvmlFailure(NOT_SUPPORTED)
+        return gpu
+
+    def nvmlGpmQueryDeviceSupport(self, handle: Any, support: Any) -> int:
+        device = self.device(handle)
+        result = out(support)
+        if result.version != pynvml.NVML_GPM_SUPPORT_VERSION:
+            raise NvmlFailure(ARGUMENT_VERSION_MISMATCH)
+        result.isSupportedDevice = int(device.gpu.model.gpm)
+        return SUCCESS
+
+    def nvmlGpmSampleAlloc(self, sample: Any) -> int:
+        handle = pynvml.struct_c_nvmlGpmSample_t()
+        self.node.gpm_samples[ctypes.addressof(handle)] = None
+        # Keep the struct alive as long as the sample: the pointer alone would not.
+        self.node.gpm_structs[ctypes.addressof(handle)] = handle
+        point(sample, handle)
+        return SUCCESS
+
+    def _sample_key(self, sample: Any) -> int:
+        try:
+            key = ctypes.addressof(sample.contents)
+        except (ValueError, TypeError, AttributeError):
+            raise NvmlFailure(INVALID_ARGUMENT) from None
+        if key not in self.node.gpm_samples:
+            raise NvmlFailure(INVALID_ARGUMENT)
+        return key
+
+    def nvmlGpmSampleFree(self, sample: Any) -> int:
+        key = self._sample_key(sample)
+        del self.node.gpm_samples[key]
+        del self.node.gpm_structs[key]
+        return SUCCESS
+
+    def _record(self, device: Device, sample: Any) -> int:
+        key = self._sample_key(sample)
+        self.node.advance()
+        acc = device.acc
+        integrals = {
+            "sm": acc.sm,
+            "occupancy": acc.occupancy,
+            "tensor": acc.tensor,
+            "dram": acc.dram,
+            "util": acc.util,
+        }
+        self.node.gpm_samples[key] = GpmSample(device, self.now(), integrals)
+        return SUCCESS
+
+    def nvmlGpmSampleGet(self, handle: Any, sample: Any) -> int:
+        return self._record(self._gpm_gpu(handle), sample)
+
+    def nvmlGpmMigSampleGet(self, handle: Any, gpu_instance_id: Any, sample: Any) -> int:
+        gpu = self._gpm_gpu(handle)
+        wanted = int(val(gpu_instance_id))
+        for mig in gpu.migs:
+            if mig.spec.gpu_instance_id == wanted:
+                return self._record(mig, sample)
+        raise NvmlFailure(NOT_FOUND)
+
+    def nvmlGpmMetricsGet(self, metrics_get: Any) -> int:
+        request = out(metrics_get)
+        if request.version != pynvml.NVML_GPM_METRICS_GET_VERSION:
+            raise NvmlFailure(ARGUMENT_VERSION_MISMATCH)
+        first = self.node.gpm_samples[self._sample_key(request.sample1)]
+        second = self.node.gpm_samples[self._sample_key(request.sample2)]
+        if first is None or second is None or first.device is not second.device:
+            raise NvmlFailure(INVALID_ARGUMENT)
+        if first.device.gpu.lost:
+            raise NvmlFailure(GPU_IS_LOST)
+        early, late = sorted((first, second), key=lambda s: s.t)
+        if late.t <= early.t:
+            raise NvmlFailure(INVALID_ARGUMENT)
+        for i in range(int(request.numMetrics)):
+            _fill_metric(request.metrics[i], early, late)
+        return SUCCESS
+
+    # ------------------------------------------------------------------ events
+
+    def _event_set(self, handle: Any) -> EventSet:
+        try:
+            event_set = self.node.event_sets.get(ctypes.addressof(handle.contents))
+        except (ValueError, TypeError, AttributeError):
+            event_set = None
+        if event_set is None:
+            raise NvmlFailure(INVALID_ARGUMENT)
+        return event_set
+
+    def nvmlEventSetCreate(self, handle: Any) -> int:
+        event_set = EventSet()
+        self.node.event_sets[ctypes.addressof(event_set.handle)] = event_set
+        point(handle, event_set.handle)
+        return SUCCESS
+
+    def _supported_events(self, gpu: GpuDevice) -> int:
+        ecc = SINGLE_BIT_ECC_EVENT | DOUBLE_BIT_ECC_EVENT if gpu.spec.ecc else 0
+        return XID_EVENT | PSTATE_EVENT | CLOCK_EVENT | ecc
+
+    def nvmlDeviceGetSupportedEventTypes(self, handle: Any, types: Any) -> int:
+        out(types).value = self._supported_events(self.gpu(handle))
+        return SUCCESS
+
+    def nvmlDeviceRegisterEvents(self, handle: Any, types: Any, event_set: Any) -> int:
+        gpu = self.gpu(handle)
+        mask = int(val(types))
+        if mask & ~self._supported_events(gpu):
+            raise NvmlFailure(NOT_SUPPORTED)
+        target = self._event_set(event_set)
+        target.masks[gpu.index] = target.masks.get(gpu.index, 0) | mask
+        return SUCCESS
+
+    def nvmlEventSetFree(self, handle: Any) -> int:
+        event_set = self._event_set(handle)
+        del self.node.event_sets[ctypes.addressof(event_set.handle)]
+        with event_set.condition:
+            event_set.freed = True
+            event_set.condition.notify_all()
+        return SUCCESS
+
+    def nvmlEventSetWait_v2(self, handle: Any, data: Any, timeout_ms: Any) -> int:
+        """Block (without the node lock) until an event, the timeout, or the node closes."""
+        with self.node.lock:
+            event_set = self._event_set(handle)
+        event = self._next_event(event_set, time.monotonic() + int(val(timeout_ms)) / 1000)
+        if event.lost:
+            raise NvmlFailure(GPU_IS_LOST)
+        result = out(data)
+        result.device = ctypes.pointer(event.device.handle) if event.device else None
+        result.eventType = event.event_type
+        result.eventData = event.data
+        result.gpuInstanceId = event.gpu_instance_id
+        result.computeInstanceId = event.compute_instance_id
+        return SUCCESS
+
+    def _next_event(self, event_set: EventSet, deadline: float) -> QueuedEvent:
+        while True:
+            self.node.advance(integrate=False)
+            with event_set.condition:
+                if event_set.queue:
+                    return event_set.queue.popleft()
+                remaining = deadline - time.monotonic()
+                if event_set.freed or self.node.closed.is_set() or remaining <= 0:
+                    raise NvmlFailure(TIMEOUT)
+                event_set.condition.wait(min(remaining, WAIT_POLL_S))
+
+
+def _fill_metric(metric: Any, early: GpmSample, late: GpmSample) -> None:
+    """One metric of nvmlGpmMetricsGet: the mean percentage between the two samples."""
+    metric_id = int(metric.metricId)
+    metric.nvmlReturn = SUCCESS
+    if metric_id in GPM_ACTIVITY:
+        name = GPM_ACTIVITY[metric_id]
+        metric.value = 100 * (late.integrals[name] - early.integrals[name]) / (late.t - early.t)
+    elif metric_id in GPM_ZERO:
+        metric.value = 0.0
+    elif 0 < metric_id < pynvml.NVML_GPM_METRIC_MAX:
+        metric.nvmlReturn = NOT_SUPPORTED
+    else:
+        metric.nvmlReturn = INVALID_ARGUMENT

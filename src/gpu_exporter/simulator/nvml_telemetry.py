@@ -1,0 +1,304 @@
+"""Fake NVML: memory, utilisation, power, thermal, clocks, fields, memory errors, processes."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import pynvml
+
+from gpu_exporter.simulator.devices import GpuDevice, MigDevice, Workload, remap_histogram
+from gpu_exporter.simulator.errors import NvmlFailure
+from gpu_exporter.simulator.node import NO_INSTANCE
+from gpu_exporter.simulator.nvml_base import (
+    ARGUMENT_VERSION_MISMATCH,
+    INSUFFICIENT_SIZE,
+    INVALID_ARGUMENT,
+    NOT_SUPPORTED,
+    SUCCESS,
+    FunctionsBase,
+    out,
+    val,
+)
+
+# NVML averages utilisation over its last sample period (1/6 s .. 1 s); one second here.
+UTILIZATION_WINDOW_S = 1.0
+VIDEO_CLOCK_MHZ = 1755
+# Field 230 (GPU recovery action) answers on drivers from this major version (an assumption).
+RECOVERY_ACTION_MIN_DRIVER = 555
+# Clock-event counter fields (nanoseconds) and the reasons they count.
+COUNTER_FIELDS = {
+    74: ("sw_power_cap",),
+    75: ("sw_thermal_slowdown", "hw_thermal_slowdown"),
+    76: ("sync_boost",),
+    77: (),
+    78: ("gpu_idle",),
+    79: (),
+    269: ("sw_thermal_slowdown",),
+    270: ("hw_thermal_slowdown",),
+    271: ("hw_power_brake_slowdown",),
+}
+MEMORY_TEMP_FIELD = 82
+RECOVERY_ACTION_FIELD = 230
+# Supported clock-event reasons: every bit but "display clock setting" on headless parts.
+SUPPORTED_REASONS = 0xFF
+SUPPORTED_REASONS_WITH_DISPLAY = 0x1FF
+
+
+class TelemetryFunctions(FunctionsBase):
+    # ------------------------------------------------------------------ memory
+
+    def _memory(self, handle: Any) -> tuple[int, int, int]:
+        """(total, reserved, used) in bytes, for a GPU or a MIG instance."""
+        device = self.device(handle)
+        if isinstance(device, MigDevice):
+            return device.memory_total, 0, device.memory_used()
+        return device.memory_total, device.memory_reserved, device.memory_used()
+
+    def nvmlDeviceGetMemoryInfo(self, handle: Any, memory: Any) -> int:
+        total, reserved, used = self._memory(handle)
+        result = out(memory)
+        # v1 has no "reserved": it counts as used.
+        result.total, result.used = total, used + reserved
+        result.free = total - used - reserved
+        return SUCCESS
+
+    def nvmlDeviceGetMemoryInfo_v2(self, handle: Any, memory: Any) -> int:
+        total, reserved, used = self._memory(handle)
+        result = out(memory)
+        if result.version != pynvml.nvmlMemory_v2:
+            raise NvmlFailure(ARGUMENT_VERSION_MISMATCH)
+        result.total, result.reserved, result.used = total, reserved, used
+        result.free = total - reserved - used
+        return SUCCESS
+
+    # ------------------------------------------------------------------ utilisation
+
+    def nvmlDeviceGetUtilizationRates(self, handle: Any, utilization: Any) -> int:
+        gpu = self.gpu(handle)
+        if gpu.mig_enabled:
+            raise NvmlFailure(NOT_SUPPORTED)
+        t = self.now()
+        start = t - UTILIZATION_WINDOW_S
+        result = out(utilization)
+        result.gpu = round(100 * gpu.mean("util", start, t))
+        result.memory = round(100 * gpu.mean("dram", start, t))
+        return SUCCESS
+
+    # ------------------------------------------------------------------ power and thermal
+
+    def nvmlDeviceGetPowerUsage(self, handle: Any, power: Any) -> int:
+        out(power).value = round(1000 * self.gpu(handle).power_w(self.now()))
+        return SUCCESS
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle: Any, limit: Any) -> int:
+        out(limit).value = round(1000 * self.gpu(handle).model.power_limit_w)
+        return SUCCESS
+
+    def nvmlDeviceGetPowerManagementLimit(self, handle: Any, limit: Any) -> int:
+        return self.nvmlDeviceGetEnforcedPowerLimit(handle, limit)
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle: Any, energy: Any) -> int:
+        gpu = self.gpu(handle)
+        self.node.advance()
+        out(energy).value = int(1000 * gpu.energy_j)
+        return SUCCESS
+
+    def nvmlDeviceGetTemperature(self, handle: Any, sensor: Any, temperature: Any) -> int:
+        gpu = self.gpu(handle)
+        if int(val(sensor)) != pynvml.NVML_TEMPERATURE_GPU:
+            raise NvmlFailure(INVALID_ARGUMENT)
+        out(temperature).value = gpu.temperature_c(self.now())
+        return SUCCESS
+
+    def nvmlDeviceGetTemperatureV(self, handle: Any, temperature: Any) -> int:
+        gpu = self.gpu(handle)
+        result = out(temperature)
+        if result.version != pynvml.nvmlTemperature_v1:
+            raise NvmlFailure(ARGUMENT_VERSION_MISMATCH)
+        if int(val(result.sensorType)) != pynvml.NVML_TEMPERATURE_GPU:
+            raise NvmlFailure(INVALID_ARGUMENT)
+        result.temperature = gpu.temperature_c(self.now())
+        return SUCCESS
+
+    # ------------------------------------------------------------------ clocks
+
+    def _clock(self, gpu: GpuDevice, kind: int, maximum: bool) -> int:
+        if kind in (pynvml.NVML_CLOCK_GRAPHICS, pynvml.NVML_CLOCK_SM):
+            return gpu.model.max_sm_clock_mhz if maximum else gpu.sm_clock_mhz(self.now())
+        if kind == pynvml.NVML_CLOCK_MEM:
+            return gpu.model.max_mem_clock_mhz
+        if kind == pynvml.NVML_CLOCK_VIDEO:
+            return VIDEO_CLOCK_MHZ
+        raise NvmlFailure(INVALID_ARGUMENT)
+
+    def nvmlDeviceGetClockInfo(self, handle: Any, kind: Any, clock: Any) -> int:
+        out(clock).value = self._clock(self.gpu(handle), int(val(kind)), maximum=False)
+        return SUCCESS
+
+    def nvmlDeviceGetMaxClockInfo(self, handle: Any, kind: Any, clock: Any) -> int:
+        out(clock).value = self._clock(self.gpu(handle), int(val(kind)), maximum=True)
+        return SUCCESS
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: Any, reasons: Any) -> int:
+        out(reasons).value = self.gpu(handle).reasons_mask(self.now())
+        return SUCCESS
+
+    def nvmlDeviceGetSupportedClocksEventReasons(self, handle: Any, reasons: Any) -> int:
+        gpu = self.gpu(handle)
+        display = gpu.model.architecture == pynvml.NVML_DEVICE_ARCH_ADA
+        out(reasons).value = SUPPORTED_REASONS_WITH_DISPLAY if display else SUPPORTED_REASONS
+        return SUCCESS
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: Any, reasons: Any) -> int:
+        return self.nvmlDeviceGetCurrentClocksEventReasons(handle, reasons)
+
+    def nvmlDeviceGetSupportedClocksThrottleReasons(self, handle: Any, reasons: Any) -> int:
+        return self.nvmlDeviceGetSupportedClocksEventReasons(handle, reasons)
+
+    # ------------------------------------------------------------------ field values
+
+    def nvmlDeviceGetFieldValues(self, handle: Any, count: Any, values: Any) -> int:
+        device = self.device(handle)
+        self.node.advance()
+        array = out(values)
+        stamp = int(time.time() * 1_000_000)
+        for i in range(int(val(count))):
+            field = array[i]
+            field.timestamp, field.latencyUsec = stamp, 0
+            if isinstance(device, MigDevice):
+                field.nvmlReturn = NOT_SUPPORTED
+            else:
+                self._field(device, field)
+        return SUCCESS
+
+    def _field(self, gpu: GpuDevice, field: Any) -> None:
+        fid = int(field.fieldId)
+        supported = set(gpu.model.field_ids)
+        if self.node.scenario.node.driver_major >= RECOVERY_ACTION_MIN_DRIVER:
+            supported.add(RECOVERY_ACTION_FIELD)
+        field.nvmlReturn = SUCCESS
+        if fid not in supported:
+            field.nvmlReturn = NOT_SUPPORTED
+        elif fid in COUNTER_FIELDS:
+            seconds = sum(gpu.reason_seconds.get(r, 0.0) for r in COUNTER_FIELDS[fid])
+            field.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+            field.value.ullVal = int(seconds * 1e9)
+        elif fid == MEMORY_TEMP_FIELD:
+            field.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
+            field.value.uiVal = gpu.temperature_c(self.now()) + 6
+        elif fid == RECOVERY_ACTION_FIELD:
+            field.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
+            field.value.uiVal = gpu.recovery_action
+        else:
+            field.nvmlReturn = NOT_SUPPORTED
+
+    # ------------------------------------------------------------------ ECC and memory repair
+
+    def _ecc_gpu(self, handle: Any) -> GpuDevice:
+        gpu = self.gpu(handle)
+        if not gpu.spec.ecc:
+            raise NvmlFailure(NOT_SUPPORTED)
+        return gpu
+
+    def nvmlDeviceGetEccMode(self, handle: Any, current: Any, pending: Any) -> int:
+        enabled = int(self.gpu(handle).spec.ecc)
+        out(current).value, out(pending).value = enabled, enabled
+        return SUCCESS
+
+    def nvmlDeviceGetTotalEccErrors(
+        self, handle: Any, error_type: Any, counter_type: Any, count: Any
+    ) -> int:
+        errors = self._ecc_gpu(handle).errors
+        kind = {0: "corrected", 1: "uncorrected"}.get(int(val(error_type)))
+        counters = {0: errors.ecc_volatile, 1: errors.ecc_aggregate}.get(int(val(counter_type)))
+        if kind is None or counters is None:
+            raise NvmlFailure(INVALID_ARGUMENT)
+        out(count).value = counters[kind]
+        return SUCCESS
+
+    def _remapper(self, handle: Any) -> GpuDevice:
+        gpu = self.gpu(handle)
+        # Pre-Ampere has no remapper; MIG-enabled GPUs with instances do not report it.
+        if not gpu.model.row_remapping or gpu.migs:
+            raise NvmlFailure(NOT_SUPPORTED)
+        return gpu
+
+    def nvmlDeviceGetRemappedRows(
+        self, handle: Any, corr: Any, unc: Any, pending: Any, failure: Any
+    ) -> int:
+        errors = self._remapper(handle).errors
+        out(corr).value = errors.remapped["correctable"]
+        out(unc).value = errors.remapped["uncorrectable"]
+        out(pending).value = int(errors.remap_pending)
+        out(failure).value = int(errors.remap_failure)
+        return SUCCESS
+
+    def nvmlDeviceGetRowRemapperHistogram(self, handle: Any, values: Any) -> int:
+        errors = self._remapper(handle).errors
+        histogram = remap_histogram(sum(errors.remapped.values()))
+        result = out(values)
+        result.max, result.high, result.partial, result.low, result.none = histogram
+        return SUCCESS
+
+    def _retired(self, handle: Any, cause: Any) -> list[tuple[str, int, bool]]:
+        gpu = self.gpu(handle)
+        if not gpu.model.page_retirement:
+            raise NvmlFailure(NOT_SUPPORTED)
+        wanted = {0: "single_bit", 1: "double_bit"}.get(int(val(cause)))
+        if wanted is None:
+            raise NvmlFailure(INVALID_ARGUMENT)
+        return [page for page in gpu.errors.retired if page[0] == wanted]
+
+    def nvmlDeviceGetRetiredPages(self, handle: Any, cause: Any, count: Any, pages: Any) -> int:
+        retired = self._retired(handle, cause)
+        if not _fits(count, pages, len(retired)):
+            return INSUFFICIENT_SIZE
+        for i, (_, address, _) in enumerate(retired):
+            pages[i] = address
+        return SUCCESS
+
+    def nvmlDeviceGetRetiredPages_v2(
+        self, handle: Any, cause: Any, count: Any, pages: Any, times: Any
+    ) -> int:
+        result = self.nvmlDeviceGetRetiredPages(handle, cause, count, pages)
+        if result == SUCCESS and times is not None:
+            for i in range(int(out(count).value)):
+                times[i] = 0
+        return result
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, handle: Any, pending: Any) -> int:
+        gpu = self.gpu(handle)
+        if not gpu.model.page_retirement:
+            raise NvmlFailure(NOT_SUPPORTED)
+        out(pending).value = int(any(p for _, _, p in gpu.errors.retired))
+        return SUCCESS
+
+    # ------------------------------------------------------------------ processes
+
+    def _processes(self, handle: Any) -> Sequence[tuple[Workload, MigDevice | None]]:
+        device = self.device(handle)
+        if isinstance(device, MigDevice):
+            return [(w, device) for w in device.workloads]
+        return device.all_workloads()
+
+    def nvmlDeviceGetComputeRunningProcesses_v3(self, handle: Any, count: Any, infos: Any) -> int:
+        processes = self._processes(handle)
+        if not _fits(count, infos, len(processes)):
+            return INSUFFICIENT_SIZE
+        for i, (workload, mig) in enumerate(processes):
+            info = infos[i]
+            info.pid = workload.pid
+            info.usedGpuMemory = workload.spec.memory
+            info.gpuInstanceId = mig.spec.gpu_instance_id if mig else NO_INSTANCE
+            info.computeInstanceId = 0 if mig else NO_INSTANCE
+        return SUCCESS
+
+
+def _fits(count: Any, array: Any, needed: int) -> bool:
+    """NVML's two-call protocol: report ``needed`` in ``count``; False when the array is short."""
+    counter = out(count)
+    capacity = int(counter.value)
+    counter.value = needed
+    return needed == 0 or (array is not None and capacity >= needed)

@@ -1,0 +1,429 @@
+"""Scenario files: parsing and validation (the schema is documented in ``docs/simulator.md``).
+
+A scenario is a YAML mapping with the keys ``node``, ``gpus``, ``workloads``, ``allocations`` and
+``timeline``. Everything is validated up front; any problem raises :class:`ScenarioError` whose
+message is one line, ``<file>: <key.path[2].sub>: <reason>``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+import yaml
+
+from gpu_exporter.simulator import schema as s
+from gpu_exporter.simulator.errors import Invalid, ScenarioError
+from gpu_exporter.simulator.models import MIG_SLICES, GpuModel, MigProfile, load_models
+from gpu_exporter.simulator.patterns import IDLE, Pattern
+from gpu_exporter.simulator.units import parse_bytes, parse_duration
+
+BUILTIN_SOURCE = "<builtin>"
+THROTTLE_REASONS = {
+    "gpu_idle": 0x1,
+    "applications_clocks_setting": 0x2,
+    "sw_power_cap": 0x4,
+    "hw_slowdown": 0x8,
+    "sync_boost": 0x10,
+    "sw_thermal_slowdown": 0x20,
+    "hw_thermal_slowdown": 0x40,
+    "hw_power_brake_slowdown": 0x80,
+    "display_clock_setting": 0x100,
+}
+RECOVERY_ACTIONS = {
+    "none": 0,
+    "gpu_reset": 1,
+    "node_reboot": 2,
+    "drain_p2p": 3,
+    "drain_and_reset": 4,
+}
+# DCGM maintainers (NVIDIA/DCGM#162): these Xids never arrive as NVML events, only in kmsg.
+KMSG_ONLY_XIDS = frozenset({79, 119, 120})
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    name: str = "sim-node"
+    driver_version: str = "580.95.05"
+    cuda_version: str = "13.0"
+    boot_id: str = ""
+    uptime: float = 3600.0
+
+    @property
+    def driver_major(self) -> int:
+        return int(self.driver_version.split(".")[0])
+
+
+@dataclass(frozen=True)
+class MigInstanceSpec:
+    """One MIG instance: its profile, GPU instance id and slice placement."""
+
+    index: int
+    profile: MigProfile
+    gpu_instance_id: int
+    start_slice: int
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    index: int
+    model: GpuModel
+    mig: tuple[MigInstanceSpec, ...] | None
+    ecc: bool
+
+    @property
+    def mig_enabled(self) -> bool:
+        return self.mig is not None
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    gpu: int
+    mig: int | None
+    pod: str
+    namespace: str
+    container: str
+    pid: int | None
+    process_name: str
+    memory: int
+    sm: Pattern
+    tensor: Pattern
+    dram: Pattern
+    occupancy: Pattern | None
+    utilization: Pattern | None
+
+
+@dataclass(frozen=True)
+class AllocationSpec:
+    gpu: int
+    mig: int | None
+    replica: int | None
+    pod: str
+    namespace: str
+    container: str
+    resource: str
+
+
+@dataclass(frozen=True)
+class EventSpec:
+    """One validated event. ``params`` holds normalised values; ``raw`` the input as given."""
+
+    type: str
+    params: Mapping[str, Any]
+    raw: Mapping[str, Any]
+    at: float | None = None
+    repeat: float | None = None
+
+
+@dataclass(frozen=True)
+class Scenario:
+    source: str
+    node: NodeSpec
+    gpus: tuple[GpuSpec, ...]
+    workloads: tuple[WorkloadSpec, ...] = ()
+    allocations: tuple[AllocationSpec, ...] = ()
+    timeline: tuple[EventSpec, ...] = field(default=())
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def load_scenario(path: pathlib.Path | None) -> Scenario:
+    """Read and validate a scenario file; ``None`` gives the built-in scenario."""
+    if path is None:
+        data = resources.files("gpu_exporter.simulator").joinpath("data/builtin.yaml")
+        return loads_scenario(data.read_text(), BUILTIN_SOURCE)
+    try:
+        content = pathlib.Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ScenarioError(str(path), "(file)", exc.strerror or str(exc)) from None
+    return loads_scenario(content, str(path))
+
+
+def loads_scenario(content: str, source: str = "<string>") -> Scenario:
+    """Parse scenario YAML text; ``source`` names it in error messages."""
+    return parse_scenario(load_yaml(content, source), source)
+
+
+def load_yaml(content: str, source: str) -> Any:
+    try:
+        return yaml.safe_load(content)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or type(exc).__name__
+        raise ScenarioError(source, "(yaml)", f"{problem}{where}") from None
+
+
+def parse_scenario(data: Any, source: str = "<string>") -> Scenario:
+    """Validate an already-parsed scenario mapping."""
+    try:
+        return dataclasses.replace(_scenario(data), source=source)
+    except Invalid as exc:
+        raise exc.at(source) from None
+
+
+def _scenario(data: Any) -> Scenario:
+    if data is None:
+        data = {}
+    top = s.mapping(data, "", {"node", "gpus", "workloads", "allocations", "timeline"}, {"gpus"})
+    node = _node(top.get("node") or {}, "node")
+    gpus = _gpus(top["gpus"], "gpus")
+    workloads = tuple(
+        _workload(raw, s.item("workloads", i), gpus)
+        for i, raw in enumerate(s.sequence(top.get("workloads"), "workloads"))
+    )
+    _check_memory(workloads, gpus)
+    allocations = tuple(
+        _allocation(raw, s.item("allocations", i), gpus)
+        for i, raw in enumerate(s.sequence(top.get("allocations"), "allocations"))
+    )
+    timeline = tuple(
+        parse_event(raw, s.item("timeline", i), gpus, timed=True)
+        for i, raw in enumerate(s.sequence(top.get("timeline"), "timeline"))
+    )
+    return Scenario("", node, gpus, workloads, allocations, timeline)
+
+
+# --------------------------------------------------------------------------- node and GPUs
+
+
+def _node(raw: Any, path: str) -> NodeSpec:
+    keys = {"name", "driver_version", "cuda_version", "boot_id", "uptime"}
+    node = s.mapping(raw, path, keys)
+    name = s.text(node.get("name", NodeSpec.name), s.key(path, "name"))
+    driver = s.text(
+        node.get("driver_version", NodeSpec.driver_version),
+        s.key(path, "driver_version"),
+        r"\d+\.\d+(\.\d+)?",
+    )
+    cuda = s.text(
+        node.get("cuda_version", NodeSpec.cuda_version), s.key(path, "cuda_version"), r"\d+\.\d+"
+    )
+    default_boot = str(uuid.uuid5(uuid.NAMESPACE_DNS, f"{name}.boot"))
+    boot_id = s.text(node.get("boot_id", default_boot), s.key(path, "boot_id"))
+    uptime = parse_duration(node.get("uptime", NodeSpec.uptime), s.key(path, "uptime"))
+    return NodeSpec(name, driver, cuda, boot_id, uptime)
+
+
+def _gpus(raw: Any, path: str) -> tuple[GpuSpec, ...]:
+    entries = s.sequence(raw, path)
+    if not entries:
+        raise Invalid(path, "at least one GPU is required")
+    gpus: list[GpuSpec] = []
+    for i, entry in enumerate(entries):
+        gpus.extend(_gpu_entry(entry, s.item(path, i), len(gpus)))
+    return tuple(gpus)
+
+
+def _gpu_entry(raw: Any, path: str, first_index: int) -> list[GpuSpec]:
+    if isinstance(raw, str):
+        raw = {"model": raw}
+    entry = s.mapping(raw, path, {"model", "count", "mig", "ecc"}, {"model"})
+    models = load_models()
+    name = s.choice(entry["model"], s.key(path, "model"), models)
+    model = models[name]
+    count = s.integer(entry.get("count", 1), s.key(path, "count"), 1, 64)
+    mig = _mig_layout(entry["mig"], s.key(path, "mig"), model) if "mig" in entry else None
+    ecc = s.boolean(entry.get("ecc", model.ecc_default), s.key(path, "ecc"))
+    return [GpuSpec(first_index + n, model, mig, ecc) for n in range(count)]
+
+
+def _mig_layout(raw: Any, path: str, model: GpuModel) -> tuple[MigInstanceSpec, ...]:
+    if not model.supports_mig:
+        raise Invalid(path, f"model {model.key} does not support MIG")
+    names = s.sequence(raw, path)
+    profiles = [_mig_profile(name, s.item(path, i), model) for i, name in enumerate(names)]
+    slices = sum(p.slices for p in profiles)
+    if slices > MIG_SLICES:
+        raise Invalid(path, f"instances need {slices} slices, a {model.key} has {MIG_SLICES}")
+    for profile in profiles:
+        if sum(p is profile for p in profiles) > profile.instances:
+            reason = f"at most {profile.instances} instance(s) of {profile.name} fit on one GPU"
+            raise Invalid(path, reason)
+    return _place(profiles)
+
+
+def _mig_profile(raw: Any, path: str, model: GpuModel) -> MigProfile:
+    if raw not in model.mig_profiles:
+        valid = ", ".join(model.mig_profiles)
+        raise Invalid(path, f"MIG profile {raw!r} is not valid for {model.key} (valid: {valid})")
+    return model.mig_profiles[raw]
+
+
+def _place(profiles: Sequence[MigProfile]) -> tuple[MigInstanceSpec, ...]:
+    """Place instances left to right; GPU instance ids count from 1 in creation order."""
+    placed: list[MigInstanceSpec] = []
+    start = 0
+    for index, profile in enumerate(profiles):
+        placed.append(MigInstanceSpec(index, profile, index + 1, start))
+        start += profile.slices
+    return tuple(placed)
+
+
+# --------------------------------------------------------------------------- workloads, allocations
+
+WORKLOAD_KEYS = {
+    "gpu",
+    "mig",
+    "pod",
+    "namespace",
+    "container",
+    "pid",
+    "process_name",
+    "memory",
+    "sm",
+    "tensor",
+    "dram",
+    "occupancy",
+    "utilization",
+}
+
+
+def device_of(raw: Mapping[str, Any], path: str, gpus: Sequence[GpuSpec]) -> tuple[int, int | None]:
+    """The (gpu, mig) pair a workload or allocation names, checked against the node."""
+    gpu = gpu_index(raw.get("gpu"), s.key(path, "gpu"), gpus)
+    spec = gpus[gpu]
+    if "mig" not in raw:
+        if spec.mig is not None:
+            top = len(spec.mig) - 1
+            raise Invalid(
+                s.key(path, "mig"), f"gpu {gpu} is in MIG mode: name an instance 0..{top}"
+            )
+        return gpu, None
+    if spec.mig is None:
+        raise Invalid(s.key(path, "mig"), f"gpu {gpu} is not in MIG mode")
+    if not spec.mig:
+        raise Invalid(s.key(path, "mig"), f"gpu {gpu} has no MIG instances")
+    return gpu, s.integer(raw["mig"], s.key(path, "mig"), 0, len(spec.mig) - 1)
+
+
+def gpu_index(raw: Any, path: str, gpus: Sequence[GpuSpec]) -> int:
+    if raw is None:
+        raise Invalid(path, "required key is missing")
+    index = s.integer(raw, path, 0)
+    if index >= len(gpus):
+        raise Invalid(path, f"gpu index {index} out of range (the node has {len(gpus)} GPUs)")
+    return index
+
+
+def _workload(raw: Any, path: str, gpus: Sequence[GpuSpec]) -> WorkloadSpec:
+    w = s.mapping(raw, path, WORKLOAD_KEYS, {"gpu"})
+    gpu, mig = device_of(w, path, gpus)
+    return build_workload(w, path, gpu, mig)
+
+
+def build_workload(w: Mapping[str, Any], path: str, gpu: int, mig: int | None) -> WorkloadSpec:
+    def opt_pattern(name: str) -> Pattern | None:
+        return s.pattern(w[name], s.key(path, name)) if name in w else None
+
+    pid = s.integer(w["pid"], s.key(path, "pid"), 1, 2**22) if "pid" in w else None
+    return WorkloadSpec(
+        gpu=gpu,
+        mig=mig,
+        pod=s.text(w.get("pod", ""), s.key(path, "pod")) if w.get("pod") else "",
+        namespace=s.text(w.get("namespace", "default"), s.key(path, "namespace")),
+        container=s.text(w.get("container", "main"), s.key(path, "container")),
+        pid=pid,
+        process_name=s.text(w.get("process_name", "python"), s.key(path, "process_name")),
+        memory=parse_bytes(w.get("memory", 0), s.key(path, "memory")),
+        sm=opt_pattern("sm") or IDLE,
+        tensor=opt_pattern("tensor") or IDLE,
+        dram=opt_pattern("dram") or IDLE,
+        occupancy=opt_pattern("occupancy"),
+        utilization=opt_pattern("utilization"),
+    )
+
+
+def device_memory(gpu: GpuSpec, mig: int | None) -> int:
+    """Bytes a workload on (gpu, mig) can use."""
+    if mig is not None and gpu.mig is not None:
+        return gpu.mig[mig].profile.memory_mib * 2**20
+    return (gpu.model.memory_mib - gpu.model.reserved_mib) * 2**20
+
+
+def _check_memory(workloads: Sequence[WorkloadSpec], gpus: Sequence[GpuSpec]) -> None:
+    used: dict[tuple[int, int | None], int] = {}
+    for i, w in enumerate(workloads):
+        where = (w.gpu, w.mig)
+        used[where] = used.get(where, 0) + w.memory
+        capacity = device_memory(gpus[w.gpu], w.mig)
+        if used[where] > capacity:
+            reason = f"workloads need {used[where]} bytes, the device has {capacity}"
+            raise Invalid(s.key(s.item("workloads", i), "memory"), reason)
+
+
+ALLOCATION_KEYS = {"gpu", "mig", "replica", "pod", "namespace", "container", "resource"}
+
+
+def _allocation(raw: Any, path: str, gpus: Sequence[GpuSpec]) -> AllocationSpec:
+    a = s.mapping(raw, path, ALLOCATION_KEYS, {"gpu", "pod"})
+    gpu, mig = device_of(a, path, gpus)
+    return build_allocation(a, path, gpus[gpu], mig)
+
+
+def build_allocation(
+    a: Mapping[str, Any], path: str, gpu: GpuSpec, mig: int | None
+) -> AllocationSpec:
+    replica = s.integer(a["replica"], s.key(path, "replica"), 0) if "replica" in a else None
+    default_resource = "nvidia.com/gpu"
+    if mig is not None and gpu.mig is not None:
+        default_resource = f"nvidia.com/mig-{gpu.mig[mig].profile.name}"
+    return AllocationSpec(
+        gpu=gpu.index,
+        mig=mig,
+        replica=replica,
+        pod=s.text(a["pod"], s.key(path, "pod")),
+        namespace=s.text(a.get("namespace", "default"), s.key(path, "namespace")),
+        container=s.text(a.get("container", "main"), s.key(path, "container")),
+        resource=s.text(a.get("resource", default_resource), s.key(path, "resource")),
+    )
+
+
+# --------------------------------------------------------------------------- events
+
+
+def parse_event(raw: Any, path: str, gpus: Sequence[GpuSpec], *, timed: bool) -> EventSpec:
+    """Validate one event; ``timed`` events (timeline entries) need ``at`` and may ``repeat``."""
+    from gpu_exporter.simulator.events import EVENT_TYPES  # events imports this module
+
+    base = s.mapping(raw, path, set(raw) if isinstance(raw, Mapping) else set(), {"type"})
+    kind = s.choice(base["type"], s.key(path, "type"), EVENT_TYPES)
+    handler = EVENT_TYPES[kind]
+    extra = {"at", "repeat"} if timed else set()
+    body = s.mapping(base, path, {"type", *handler.keys, *extra}, {*handler.required})
+    at = repeat = None
+    if timed:
+        if "at" not in body:
+            raise Invalid(s.key(path, "at"), "required key is missing")
+        at = parse_duration(body["at"], s.key(path, "at"))
+        repeat = _repeat(body["repeat"], s.key(path, "repeat")) if "repeat" in body else None
+    params = handler.validate(body, path, gpus)
+    raw_copy = {k: v for k, v in body.items() if k not in extra}
+    return EventSpec(kind, params, raw_copy, at, repeat)
+
+
+def _repeat(raw: Any, path: str) -> float:
+    if isinstance(raw, str) and raw.strip().startswith("every "):
+        raw = raw.strip()[len("every ") :]
+    period = parse_duration(raw, path)
+    if period <= 0:
+        raise Invalid(path, "repeat period must be greater than zero")
+    return period
+
+
+def parse_events(data: Any, source: str, gpus: Sequence[GpuSpec]) -> list[EventSpec]:
+    """Untimed events to inject: one mapping or a list of them."""
+    items = data if isinstance(data, list) else [data]
+    try:
+        if not items:
+            raise Invalid("", "no events given")
+        paths = [s.item("", i) if isinstance(data, list) else "" for i in range(len(items))]
+        return [parse_event(raw, p, gpus, timed=False) for raw, p in zip(items, paths, strict=True)]
+    except Invalid as exc:
+        raise exc.at(source) from None

@@ -1,0 +1,125 @@
+"""Small validators that carry the key path, so errors can say exactly where a scenario is wrong."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any
+
+from gpu_exporter.simulator.errors import Invalid
+from gpu_exporter.simulator.patterns import IDLE, Bursty, Pattern, Ramp, Steady
+from gpu_exporter.simulator.units import parse_duration
+
+_PERCENT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
+
+
+def key(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
+
+
+def item(path: str, index: int) -> str:
+    return f"{path}[{index}]"
+
+
+def mapping(
+    value: Any, path: str, allowed: Collection[str], required: Collection[str] = ()
+) -> Mapping[str, Any]:
+    """A mapping with only ``allowed`` string keys and all ``required`` ones."""
+    if not isinstance(value, Mapping):
+        raise Invalid(path, f"expected a mapping, got {type(value).__name__}")
+    for name in value:
+        if not isinstance(name, str):
+            raise Invalid(path, f"keys must be strings, got {name!r}")
+        if name not in allowed:
+            raise Invalid(key(path, name), f"unknown key (allowed: {', '.join(sorted(allowed))})")
+    for name in sorted(required):
+        if name not in value:
+            raise Invalid(key(path, name), "required key is missing")
+    return value
+
+
+def sequence(value: Any, path: str) -> Sequence[Any]:
+    if value is None:
+        return []
+    if isinstance(value, str) or not isinstance(value, Sequence):
+        raise Invalid(path, f"expected a list, got {type(value).__name__}")
+    return value
+
+
+def integer(value: Any, path: str, low: int | None = None, high: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise Invalid(path, f"expected an integer, got {value!r}")
+    if low is not None and value < low:
+        raise Invalid(path, f"must be >= {low}, got {value}")
+    if high is not None and value > high:
+        raise Invalid(path, f"must be <= {high}, got {value}")
+    return value
+
+
+def text(value: Any, path: str, pattern: str | None = None) -> str:
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise Invalid(path, f"expected a string, got {type(value).__name__}")
+    result = str(value)
+    if not result:
+        raise Invalid(path, "must not be empty")
+    if pattern is not None and not re.fullmatch(pattern, result):
+        raise Invalid(path, f"{result!r} does not match {pattern}")
+    return result
+
+
+def boolean(value: Any, path: str) -> bool:
+    if not isinstance(value, bool):
+        raise Invalid(path, f"expected true or false, got {value!r}")
+    return value
+
+
+def choice(value: Any, path: str, choices: Collection[str]) -> str:
+    if not isinstance(value, str) or value not in choices:
+        raise Invalid(path, f"expected one of {', '.join(sorted(choices))}; got {value!r}")
+    return value
+
+
+def ratio(value: Any, path: str) -> float:
+    """A ratio 0..1, or a percentage string such as ``'85%'``."""
+    if isinstance(value, str) and (match := _PERCENT.match(value)):
+        result = float(match.group(1)) / 100
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        result = float(value)
+    else:
+        raise Invalid(path, f"expected a ratio 0..1 or a percentage like '85%', got {value!r}")
+    if not 0 <= result <= 1:
+        raise Invalid(path, f"must be between 0 and 1 (or 0%..100%), got {value!r}")
+    return result
+
+
+_PATTERN_KEYS = {
+    "steady": ({"pattern", "value"}, {"value"}),
+    "idle": ({"pattern"}, set()),
+    "bursty": ({"pattern", "value", "low", "period", "duty"}, {"value", "period", "duty"}),
+    "ramp": ({"pattern", "from", "to", "period"}, {"from", "to", "period"}),
+}
+
+
+def pattern(value: Any, path: str) -> Pattern:
+    """An activity: a ratio, ``idle``, or ``{pattern: steady|idle|bursty|ramp, ...}``."""
+    if value == "idle":
+        return IDLE
+    if not isinstance(value, Mapping):
+        return Steady(ratio(value, path))
+    kind = choice(value.get("pattern"), key(path, "pattern"), _PATTERN_KEYS)
+    allowed, required = _PATTERN_KEYS[kind]
+    mapping(value, path, allowed, required)
+    if kind == "idle":
+        return IDLE
+    if kind == "steady":
+        return Steady(ratio(value["value"], key(path, "value")))
+    period = parse_duration(value["period"], key(path, "period"))
+    if period <= 0:
+        raise Invalid(key(path, "period"), "must be greater than zero")
+    if kind == "ramp":
+        return Ramp(
+            ratio(value["from"], key(path, "from")), ratio(value["to"], key(path, "to")), period
+        )
+    duty = ratio(value["duty"], key(path, "duty"))
+    low = ratio(value.get("low", 0), key(path, "low"))
+    return Bursty(ratio(value["value"], key(path, "value")), period, duty, low)

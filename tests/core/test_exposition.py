@@ -1,0 +1,114 @@
+"""The exposition: both encodings, escaping, family grouping, content negotiation, gzip."""
+
+from __future__ import annotations
+
+import gzip
+import subprocess
+
+import pytest
+
+from gpu_exporter.exposition import (
+    Sample,
+    counter,
+    format_value,
+    gauge,
+    label_string,
+    render,
+    wants_openmetrics,
+)
+from tests.conftest import require_binary
+
+POWER = gauge("gpu_power_watts", "Power draw, in watts.")
+ENERGY = counter("gpu_energy_joules_total", "Energy consumed, in joules.")
+UNUSED = gauge("gpu_unused_ratio", "Never sampled.")
+
+
+def gpu(index: int) -> str:
+    return label_string({"gpu": str(index), "uuid": f"GPU-{index}"})
+
+
+def test_text_format_groups_samples_by_family_in_declared_order() -> None:
+    samples = [
+        Sample(ENERGY, gpu(0), 10.5),
+        Sample(POWER, gpu(0), 300),
+        Sample(POWER, gpu(1), 250.25),
+    ]
+    text = render(samples, [POWER, ENERGY]).text.decode()
+    assert text == (
+        "# HELP gpu_power_watts Power draw, in watts.\n"
+        "# TYPE gpu_power_watts gauge\n"
+        'gpu_power_watts{gpu="0",uuid="GPU-0"} 300\n'
+        'gpu_power_watts{gpu="1",uuid="GPU-1"} 250.25\n'
+        "# HELP gpu_energy_joules_total Energy consumed, in joules.\n"
+        "# TYPE gpu_energy_joules_total counter\n"
+        'gpu_energy_joules_total{gpu="0",uuid="GPU-0"} 10.5\n'
+    )
+
+
+def test_openmetrics_names_counter_families_without_total_and_ends_with_eof() -> None:
+    body = render([Sample(ENERGY, gpu(0), 1)], [ENERGY]).openmetrics.decode()
+    assert "# TYPE gpu_energy_joules counter\n" in body
+    assert 'gpu_energy_joules_total{gpu="0",uuid="GPU-0"} 1\n' in body
+    assert body.endswith("# EOF\n")
+
+
+def test_families_without_samples_are_omitted() -> None:
+    text = render([Sample(POWER, gpu(0), 1)], [UNUSED, POWER]).text.decode()
+    assert "gpu_unused_ratio" not in text
+
+
+def test_label_values_are_escaped() -> None:
+    labels = label_string({"pod": 'we"ird\\name\nx'})
+    assert labels == 'pod="we\\"ird\\\\name\\nx"'
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [(1.0, "1"), (0.5, "0.5"), (float("inf"), "+Inf"), (float("-inf"), "-Inf"), (1e20, "1e+20")],
+)
+def test_values_are_formatted_as_prometheus_expects(value: float, expected: str) -> None:
+    assert format_value(value) == expected
+
+
+def test_nan_is_rendered_as_nan() -> None:
+    assert format_value(float("nan")) == "NaN"
+
+
+def test_counter_and_gauge_names_follow_conventions() -> None:
+    with pytest.raises(ValueError, match="must end in _total"):
+        counter("gpu_energy_joules", "x")
+    with pytest.raises(ValueError, match="must not end in _total"):
+        gauge("gpu_things_total", "x")
+
+
+@pytest.mark.parametrize(
+    ("accept", "openmetrics"),
+    [
+        ("", False),
+        ("text/plain", False),
+        (
+            "application/openmetrics-text; version=1.0.0,text/plain;version=0.0.4;q=0.5,*/*;q=0.1",
+            True,
+        ),
+        ("application/openmetrics-text;q=0.2,text/plain;q=0.9", False),
+        ("application/openmetrics-text;q=0", False),
+    ],
+)
+def test_accept_header_negotiation(accept: str, openmetrics: bool) -> None:
+    assert wants_openmetrics(accept) is openmetrics
+
+
+def test_gzip_bodies_are_built_once_and_decompress_to_the_plain_body() -> None:
+    exposition = render([Sample(POWER, gpu(0), 1)], [POWER])
+    first = exposition.body(openmetrics=False, gzipped=True)
+    assert exposition.body(openmetrics=False, gzipped=True) is first
+    assert gzip.decompress(first) == exposition.text
+
+
+def test_promtool_accepts_the_text_format() -> None:
+    promtool = require_binary("promtool")
+    body = render([Sample(POWER, gpu(0), 1), Sample(ENERGY, gpu(0), 2)], [POWER, ENERGY]).text
+    result = subprocess.run(
+        [promtool, "check", "metrics"], input=body, capture_output=True, check=False
+    )
+    assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()

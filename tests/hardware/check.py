@@ -1,0 +1,166 @@
+"""Hardware check: run the exporter on a real NVIDIA GPU, idle and under load, and report.
+
+Prints, for every metric family the exporter can serve, what it read on each GPU (or that the
+family was cleanly absent because the device does not support it), first with the GPU idle, then
+while a PyTorch matmul loop keeps it busy. Writes the same as JSON to ``$OUT/hardware-check.json``
+(or ``--json PATH``). Installs nothing: needs the package importable (``PYTHONPATH=src``) with its
+runtime dependencies, and PyTorch with CUDA for the load phase.
+
+    PYTHONPATH=src python tests/hardware/check.py [--load-seconds 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+REPO = Path(__file__).resolve().parents[2]
+LOAD = r"""
+import sys, time, torch
+seconds = float(sys.argv[1])
+a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+end = time.time() + seconds
+n = 0
+while time.time() < end:
+    for _ in range(20):
+        a @ b
+    torch.cuda.synchronize()
+    n += 20
+print(f"load: {n} bf16 8192^3 matmuls in {seconds:.0f}s", flush=True)
+"""
+
+
+def all_families() -> list[str]:
+    sys.path.insert(0, str(REPO / "src"))
+    from gpu_exporter import identity, sampler
+    from gpu_exporter.collectors import ALL_COLLECTORS
+
+    names = [f.name for f in identity.FAMILIES]
+    for collector in ALL_COLLECTORS:
+        names += [f.name for f in collector.families]
+    names += [f.name for f in sampler.SELF_FAMILIES]
+    return names
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, ""
+    except OSError:
+        return 0, ""
+
+
+def wait_ready(base: str, process: subprocess.Popen[bytes], limit: float = 60.0) -> float:
+    started = time.monotonic()
+    while time.monotonic() - started < limit:
+        if process.poll() is not None:
+            raise SystemExit(f"exporter exited with status {process.returncode} before ready")
+        if get(base + "/readyz")[0] == 200:
+            return time.monotonic() - started
+        time.sleep(0.1)
+    raise SystemExit("exporter not ready within 60 s")
+
+
+def scrape(base: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    status, text = get(base + "/metrics")
+    if status != 200:
+        raise SystemExit(f"/metrics answered {status}")
+    found: dict[str, list[tuple[dict[str, str], float]]] = defaultdict(list)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            found[sample.name].append((dict(sample.labels), sample.value))
+    return found
+
+
+def describe(name: str, series: list[tuple[dict[str, str], float]]) -> str:
+    if not series:
+        return "absent (unsupported on this device/driver, or not applicable)"
+    parts = []
+    for labels, value in series[:12]:
+        keys = {k: v for k, v in labels.items() if k not in ("uuid", "driver_version")}
+        parts.append(f"{keys}={value:g}")
+    more = f" (+{len(series) - 12} more)" if len(series) > 12 else ""
+    return "; ".join(parts) + more
+
+
+def report(phase: str, families: list[str], data: dict[str, Any]) -> dict[str, str]:
+    print(f"\n=== {phase} ===")
+    result = {}
+    for name in families:
+        line = describe(name, data.get(name, []))
+        result[name] = line
+        print(f"{name:45s} {line}")
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--load-seconds", type=float, default=20.0)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    out = args.json or Path(os.environ.get("OUT", ".")) / "hardware-check.json"
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    path = os.pathsep.join(p for p in (str(REPO / "src"), os.environ.get("PYTHONPATH")) if p)
+    env = dict(os.environ, PYTHONPATH=path, PYTHONUNBUFFERED="1")
+    exporter = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gpu_exporter",
+            f"--listen=127.0.0.1:{port}",
+            "--slow-interval=5s",
+            "--log-format=json",
+            "--state-dir=/tmp/gpu-exporter-state",
+        ],
+        env=env,
+    )
+    results: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+    try:
+        results["ready_seconds"] = wait_ready(base, exporter)
+        time.sleep(6)  # a slow round and a few GPM intervals
+        families = all_families()
+        results["idle"] = report("idle", families, scrape(base))
+        load = subprocess.Popen([sys.executable, "-c", LOAD, str(args.load_seconds)])
+        time.sleep(min(args.load_seconds * 0.75, args.load_seconds - 2))
+        results["load"] = report("under load (bf16 matmuls)", families, scrape(base))
+        load.wait(timeout=args.load_seconds + 60)
+        exporter.send_signal(signal.SIGTERM)
+        started = time.monotonic()
+        results["exit_status"] = exporter.wait(timeout=10)
+        results["exit_seconds"] = time.monotonic() - started
+        print(
+            f"\nready in {results['ready_seconds']:.2f}s; SIGTERM exit "
+            f"{results['exit_status']} in {results['exit_seconds']:.2f}s"
+        )
+    finally:
+        if exporter.poll() is None:
+            exporter.kill()
+    out.write_text(json.dumps(results, indent=2))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,159 @@
+"""Timeline, NVML Xid events, kernel-log records and allocation changes."""
+
+from __future__ import annotations
+
+import pathlib
+import threading
+
+import pynvml
+import pytest
+
+from .sim_helpers import FakeClock, MakeNode
+
+NODE = """
+node: {name: events-node, uptime: 100s}
+gpus:
+  - {model: H100-SXM-80GB, count: 2}
+  - {model: H100-SXM-80GB, mig: [3g.40gb, 4g.40gb]}
+workloads:
+  - {gpu: 0, pod: web, namespace: prod, pid: 4242, process_name: python3, sm: 0.5}
+"""
+
+
+def xid_set(*gpus: int) -> object:
+    event_set = pynvml.nvmlEventSetCreate()
+    for gpu in gpus:
+        handle = pynvml.nvmlDeviceGetHandleByIndex(gpu)
+        pynvml.nvmlDeviceRegisterEvents(handle, pynvml.nvmlEventTypeXidCriticalError, event_set)
+    return event_set
+
+
+def test_xid_arrives_as_event_and_kernel_log_line(make_node: MakeNode, clock: FakeClock) -> None:
+    node = make_node(NODE + "timeline:\n  - {at: 90s, type: xid, gpu: 0, code: 13}\n")
+    event_set = xid_set(0, 1)
+    clock.advance(89)
+    with pytest.raises(pynvml.NVMLError_Timeout):
+        pynvml.nvmlEventSetWait_v2(event_set, 0)
+    clock.advance(1)
+    data = pynvml.nvmlEventSetWait_v2(event_set, 1000)
+    assert (data.eventData, data.gpuInstanceId, data.computeInstanceId) == (
+        13,
+        0xFFFFFFFF,
+        0xFFFFFFFF,
+    )
+    (record,) = node.kmsg_lines
+    assert record.startswith("3,1200,190000000,-;NVRM: Xid (PCI:0000:18:00): 13, ")
+    assert "pid=4242, name=python3, Graphics SM Warp Exception" in record
+
+
+def test_xid_79_is_kernel_log_only_by_default(make_node: MakeNode) -> None:
+    node = make_node(NODE)
+    event_set = xid_set(1)
+    node.inject({"type": "xid", "gpu": 1, "code": 79})
+    with pytest.raises(pynvml.NVMLError_Timeout):
+        pynvml.nvmlEventSetWait_v2(event_set, 0)
+    assert node.kmsg_lines[-1].endswith(
+        "NVRM: Xid (PCI:0000:2a:00): 79, pid='<unknown>', name=<unknown>, "
+        "GPU has fallen off the bus."
+    )
+    node.inject({"type": "xid", "gpu": 1, "code": 79, "delivery": "nvml"})
+    assert pynvml.nvmlEventSetWait_v2(event_set, 0).eventData == 79
+
+
+def test_mig_xid_names_the_instance(make_node: MakeNode) -> None:
+    node = make_node(NODE)
+    event_set = xid_set(2)
+    node.inject({"type": "xid", "gpu": 2, "mig": 1, "code": 31, "pid": 77})
+    data = pynvml.nvmlEventSetWait_v2(event_set, 0)
+    assert (data.gpuInstanceId, data.computeInstanceId) == (2, 0)
+    assert "Xid (PCI:0000:3a:00 GPU-I:02): 31, pid=77, name=python," in node.kmsg_lines[-1]
+
+
+def test_wait_is_woken_from_another_thread(make_node: MakeNode) -> None:
+    node = make_node(NODE)
+    event_set = xid_set(0)
+    waiting = threading.Event()
+    received: list[int] = []
+
+    def wait() -> None:
+        waiting.set()
+        received.append(pynvml.nvmlEventSetWait_v2(event_set, 10_000).eventData)
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    waiting.wait()
+    node.inject({"type": "xid", "gpu": 0, "code": 43})
+    waiter.join(5)
+    assert received == [43]
+
+
+def test_lost_gpu_interrupts_a_wait(make_node: MakeNode) -> None:
+    node = make_node(NODE)
+    event_set = xid_set(1)
+    node.inject({"type": "gpu_lost", "gpu": 1})
+    with pytest.raises(pynvml.NVMLError_GpuIsLost):
+        pynvml.nvmlEventSetWait_v2(event_set, 0)
+
+
+def test_kmsg_sinks_and_files(make_node: MakeNode, tmp_path: pathlib.Path) -> None:
+    node = make_node(NODE)
+    seen: list[str] = []
+    node.add_kmsg_sink(seen.append)
+    node.add_kmsg_file(tmp_path / "kmsg")
+    node.inject({"type": "xid", "gpu": 0, "code": 48, "delivery": "kmsg"})
+    assert seen == node.kmsg_lines
+    assert (tmp_path / "kmsg").read_text() == seen[0] + "\n"
+
+
+def test_repeating_events(make_node: MakeNode, clock: FakeClock) -> None:
+    node = make_node(
+        NODE + "timeline:\n  - {at: 1m, repeat: every 2m, type: ecc, gpu: 1, corrected: 1}\n"
+    )
+    clock.advance(60 * 7)
+    node.advance()
+    handle = pynvml.nvmlDeviceGetHandleByIndex(1)
+    assert pynvml.nvmlDeviceGetTotalEccErrors(handle, 0, 1) == 4  # at 1, 3, 5 and 7 minutes
+
+
+def test_allocate_and_release(make_node: MakeNode, clock: FakeClock) -> None:
+    node = make_node(
+        NODE
+        + """
+timeline:
+  - at: 10s
+    type: allocate
+    gpu: 1
+    replica: 0
+    pod: batch-1
+    namespace: jobs
+    workload: {pid: 999, memory: 1GiB, sm: 0.4}
+  - {at: 20s, type: release, pod: batch-1, namespace: jobs}
+"""
+    )
+    handle = pynvml.nvmlDeviceGetHandleByIndex(1)
+    assert node.allocations == []
+    clock.advance(10)
+    (allocation,) = node.allocations
+    assert allocation.device_id == pynvml.nvmlDeviceGetUUID(handle) + "::0"
+    assert [p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)] == [999]
+    clock.advance(10)
+    assert node.allocations == []
+    assert pynvml.nvmlDeviceGetComputeRunningProcesses(handle) == []
+
+
+def test_recovery_action_and_remap_failure(make_node: MakeNode) -> None:
+    node = make_node(NODE)
+    node.inject({"type": "recovery_action", "gpu": 0, "action": "drain_and_reset"})
+    node.inject({"type": "row_remap_failure", "gpu": 0})
+    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    (field,) = pynvml.nvmlDeviceGetFieldValues(handle, [230])
+    assert field.value.uiVal == pynvml.NVML_GPU_RECOVERY_ACTION_DRAIN_AND_RESET
+    assert pynvml.nvmlDeviceGetRemappedRows(handle)[3] == 1
+
+
+def test_a_lost_gpu_does_not_disturb_sets_watching_other_gpus(make_node: MakeNode) -> None:
+    node = make_node(NODE)
+    event_set = xid_set(0)
+    node.inject({"type": "gpu_lost", "gpu": 1})
+    with pytest.raises(pynvml.NVMLError_Timeout):
+        pynvml.nvmlEventSetWait_v2(event_set, 0)

@@ -1,0 +1,181 @@
+"""Errors behave like real hardware: NotSupported, GpuIsLost, Uninitialized, hangs."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pynvml
+import pytest
+
+from .sim_helpers import FakeClock, MakeNode
+
+MIXED = """
+gpus:
+  - {model: A100-SXM-80GB}
+  - {model: L40S}
+  - {model: V100-SXM2-32GB}
+  - {model: H100-SXM-80GB, mig: [3g.40gb, 3g.40gb]}
+  - {model: H100-SXM-80GB}
+  - {model: H100-SXM-80GB, mig: []}
+workloads:
+  - {gpu: 3, mig: 0, sm: 0.5}
+"""
+
+
+def handle(index: int) -> Any:
+    return pynvml.nvmlDeviceGetHandleByIndex(index)
+
+
+def test_gpm_is_hopper_only(make_node: MakeNode) -> None:
+    make_node(MIXED)
+    for index in (0, 1, 2):
+        assert pynvml.nvmlGpmQueryDeviceSupport(handle(index)).isSupportedDevice == 0
+        with pytest.raises(pynvml.NVMLError_NotSupported):
+            pynvml.nvmlGpmSampleGet(handle(index), pynvml.nvmlGpmSampleAlloc())
+    assert pynvml.nvmlGpmQueryDeviceSupport(handle(4)).isSupportedDevice == 1
+
+
+def test_mig_restrictions(make_node: MakeNode) -> None:
+    make_node(MIXED)
+    parent = handle(3)
+    mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(parent, 0)
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        pynvml.nvmlDeviceGetUtilizationRates(parent)
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        pynvml.nvmlDeviceGetRemappedRows(parent)
+    # MIG enabled but no instances: the remapper answers again.
+    assert pynvml.nvmlDeviceGetRemappedRows(handle(5)) == (0, 0, 0, 0)
+    for call in (
+        pynvml.nvmlDeviceGetUtilizationRates,
+        pynvml.nvmlDeviceGetPowerUsage,
+        pynvml.nvmlDeviceGetTotalEnergyConsumption,
+        pynvml.nvmlDeviceGetEccMode,
+        lambda h: pynvml.nvmlDeviceGetTemperature(h, 0),
+        lambda h: pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM),
+        lambda h: pynvml.nvmlDeviceGetTotalEccErrors(h, 0, 0),
+    ):
+        with pytest.raises(pynvml.NVMLError_NotSupported):
+            call(mig)
+    (field,) = pynvml.nvmlDeviceGetFieldValues(mig, [74])
+    assert field.nvmlReturn == pynvml.NVML_ERROR_NOT_SUPPORTED
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        pynvml.nvmlDeviceGetMigMode(handle(1))
+
+
+def test_memory_repair_by_generation(make_node: MakeNode) -> None:
+    make_node(MIXED)
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        pynvml.nvmlDeviceGetRetiredPages(handle(0), 1)
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        pynvml.nvmlDeviceGetRetiredPagesPendingStatus(handle(4))
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        pynvml.nvmlDeviceGetRemappedRows(handle(2))
+    assert pynvml.nvmlDeviceGetRetiredPages(handle(2), 1) == []
+
+
+def test_field_support_by_model(make_node: MakeNode) -> None:
+    make_node(MIXED)
+    l40s_memory_temp, l40s_power_cap = pynvml.nvmlDeviceGetFieldValues(handle(1), [82, 74])
+    assert l40s_memory_temp.nvmlReturn == pynvml.NVML_ERROR_NOT_SUPPORTED
+    assert l40s_power_cap.nvmlReturn == pynvml.NVML_SUCCESS
+    (v100_thermal,) = pynvml.nvmlDeviceGetFieldValues(handle(2), [269])
+    assert v100_thermal.nvmlReturn == pynvml.NVML_ERROR_NOT_SUPPORTED
+
+
+def test_recovery_action_field_needs_a_recent_driver(make_node: MakeNode) -> None:
+    make_node("""
+        node: {driver_version: "535.183.01", cuda_version: "12.2"}
+        gpus: [H100-SXM-80GB]
+        """)
+    (field,) = pynvml.nvmlDeviceGetFieldValues(handle(0), [230])
+    assert field.nvmlReturn == pynvml.NVML_ERROR_NOT_SUPPORTED
+
+
+def test_ecc_disabled_means_no_counters(make_node: MakeNode) -> None:
+    make_node("""
+        gpus: [{model: L40S, ecc: false}]
+        """)
+    assert pynvml.nvmlDeviceGetEccMode(handle(0)) == [0, 0]
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        pynvml.nvmlDeviceGetTotalEccErrors(handle(0), 1, 1)
+
+
+def test_lost_gpu_and_reset(make_node: MakeNode, clock: FakeClock) -> None:
+    node = make_node("""
+        gpus:
+          - {model: H100-SXM-80GB, count: 2}
+          - {model: H100-SXM-80GB, mig: [7g.80gb]}
+        timeline:
+          - {at: 10s, type: ecc, gpu: 0, corrected: 3, uncorrected: 1}
+          - {at: 10s, type: row_remap, gpu: 0, cause: uncorrectable}
+          - {at: 20s, type: gpu_lost, gpu: [0, 2]}
+          - {at: 30s, type: gpu_recovered, gpu: 0}
+        """)
+    early, mig = handle(0), pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle(2), 0)
+    clock.advance(20)
+    calls: list[Callable[[], Any]] = [
+        lambda: pynvml.nvmlDeviceGetHandleByIndex(0),
+        lambda: pynvml.nvmlDeviceGetUUID(early),
+        lambda: pynvml.nvmlDeviceGetPowerUsage(early),
+        lambda: pynvml.nvmlDeviceGetMemoryInfo(mig),
+    ]
+    for call in calls:
+        with pytest.raises(pynvml.NVMLError_GpuIsLost):
+            call()
+    assert pynvml.nvmlDeviceGetPowerUsage(handle(1)) > 0
+    clock.advance(10)
+    recovered = handle(0)
+    assert pynvml.nvmlDeviceGetTotalEccErrors(recovered, 0, 0) == 0
+    assert pynvml.nvmlDeviceGetTotalEccErrors(recovered, 0, 1) == 3
+    assert pynvml.nvmlDeviceGetRemappedRows(recovered) == (0, 1, 0, 0)
+    assert node.gpus[2].lost
+
+
+def test_calls_before_init_are_uninitialized(make_node: MakeNode) -> None:
+    node = make_node(MIXED, init=False)
+    assert node.library.nvmlDeviceGetCount_v2(None) == pynvml.NVML_ERROR_UNINITIALIZED
+    pynvml.nvmlInit()
+    assert pynvml.nvmlDeviceGetCount() == 6
+    pynvml.nvmlShutdown()
+    with pytest.raises(pynvml.NVMLError_Uninitialized):
+        pynvml.nvmlDeviceGetCount()
+
+
+def test_fake_functions_never_raise(make_node: MakeNode) -> None:
+    node = make_node(MIXED)
+    assert (
+        node.library.nvmlDeviceGetPowerUsage(object(), None) == pynvml.NVML_ERROR_INVALID_ARGUMENT
+    )
+    assert node.library.nvmlDeviceGetCount_v2(None) == pynvml.NVML_ERROR_INVALID_ARGUMENT
+    assert node.library.nvmlDeviceGetCount_v2(object()) == pynvml.NVML_ERROR_UNKNOWN
+
+
+def test_hang_blocks_one_function_on_one_gpu_for_its_duration(make_node: MakeNode) -> None:
+    node = make_node(MIXED)
+    node.inject({"type": "hang", "function": "nvmlDeviceGetPowerUsage", "gpu": 4, "duration": 0.3})
+    started = time.monotonic()
+    assert pynvml.nvmlDeviceGetPowerUsage(handle(0)) > 0
+    assert time.monotonic() - started < 0.2
+    pynvml.nvmlDeviceGetPowerUsage(handle(4))
+    assert time.monotonic() - started >= 0.29
+    started = time.monotonic()
+    pynvml.nvmlDeviceGetPowerUsage(handle(4))
+    assert time.monotonic() - started < 0.2
+
+
+def test_close_releases_a_hang(make_node: MakeNode) -> None:
+    node = make_node(MIXED)
+    node.inject({"type": "hang", "function": "nvmlDeviceGetCount_v2"})
+    finished = threading.Event()
+
+    def call() -> None:
+        pynvml.nvmlDeviceGetCount()
+        finished.set()
+
+    threading.Thread(target=call, daemon=True).start()
+    assert not finished.wait(0.1)
+    node.close()
+    assert finished.wait(5)
