@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 
 import pytest
 
@@ -16,3 +17,12 @@ def require_binary(name: str) -> str:
             pytest.fail(f"{name} is not installed, and CI must run this test (see .ci/run)")
         pytest.skip(f"{name} is not installed")
     return path
+
+
+def promtool_check_metrics(body: str) -> None:
+    """Fail with promtool's complaints unless it accepts ``body`` as an exposition."""
+    promtool = require_binary("promtool")
+    result = subprocess.run(
+        [promtool, "check", "metrics"], input=body, capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, f"promtool check metrics: {result.stdout}{result.stderr}"

@@ -65,12 +65,11 @@ class Exporter:
 def build_exporter(config: Config) -> Exporter:
     """Wire every part from ``config``; nothing starts until :meth:`Exporter.start`."""
     pool = WorkerPool(size=_pool_size())
-    collectors = _enabled_collectors(config)
     simulation = None
     extra_routes: Iterable[web.RouteDef] = ()
     if config.simulator is not None:
         simulation, extra_routes = _start_simulation(config)
-    sampler = Sampler(config, pool, collectors=collectors)
+    sampler = Sampler(config, pool)
     web_app = make_web_app(sampler, extra_routes)
     return Exporter(config, pool, sampler, web_app, simulation)
 
@@ -78,12 +77,6 @@ def build_exporter(config: Config) -> Exporter:
 def _pool_size() -> int:
     # NVML releases the GIL; a few threads keep 8-64 devices' calls overlapping.
     return max(4, min(16, (os.cpu_count() or 2) * 2))
-
-
-def _enabled_collectors(config: Config) -> list[Any]:
-    from .collectors import ALL_COLLECTORS
-
-    return [c for c in ALL_COLLECTORS if c.name in config.collectors]
 
 
 def _start_simulation(config: Config) -> tuple[Any, Iterable[web.RouteDef]]:

@@ -97,6 +97,14 @@ class JobOutcome:
     failures: list[tuple[str, str]]
 
 
+@dataclass(frozen=True)
+class _Pending:
+    """What to do with submitted work when it finishes, or when the round gives up on it."""
+
+    finished: Callable[[asyncio.Future[Any]], None]
+    late: Callable[[], None]
+
+
 @dataclass(eq=False)
 class Job:
     collector: Collector
@@ -124,7 +132,7 @@ class GpuState:
     jobs: list[Job] = field(default_factory=list)
     backoff: float = 1.0
     next_probe: float = 0.0
-    probe: concurrent.futures.Future[Gpu] | None = None
+    discovery: concurrent.futures.Future[Gpu] | None = None  # a probe or inventory refresh
 
     @property
     def up_labels(self) -> str:
@@ -143,7 +151,7 @@ class Sampler:
     ) -> None:
         self._config = config
         self._pool = pool
-        self._collector_types = tuple(collectors)
+        self._collector_types = tuple(c for c in collectors if c.name in config.collectors)
         self._clock = clock
         self.ledger = ActivityLedger()
         self._context = CollectorContext(config=config, clock=clock, ledger=self.ledger)
@@ -156,12 +164,12 @@ class Sampler:
         self._gpus: list[GpuState] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._rounds_done: set[Cadence] = set()
+        self._round_counts = dict.fromkeys(Cadence, 0)
         self._last_round_end: float | None = None
         self._exposition = render([], ())
         self._family_order = self._all_families()
         self._rendered = asyncio.Event()
         self._nvml_up = False
-        self._event_loop: asyncio.AbstractEventLoop | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -171,7 +179,6 @@ class Sampler:
         With ``background=False`` no loop runs: the caller drives rounds with
         :meth:`sample_round` (the benchmark and deterministic tests do).
         """
-        self._event_loop = asyncio.get_running_loop()
         self._system = await self._blocking(self._init_nvml, self._config.init_timeout)
         self._nvml_up = True
         for index in range(self._system.gpu_count):
@@ -242,6 +249,12 @@ class Sampler:
         self._rendered.clear()
         await self._rendered.wait()
 
+    async def wait_for_rounds(self, cadence: Cadence, count: int = 1) -> None:
+        """Wait until ``count`` more rounds of ``cadence`` have completed and been rendered."""
+        target = self._round_counts[cadence] + count
+        while self._round_counts[cadence] < target:
+            await self.wait_for_render()
+
     # -- startup -----------------------------------------------------------------------------
 
     @staticmethod
@@ -305,50 +318,62 @@ class Sampler:
         except Exception:  # a bug in one round must not stop sampling forever
             _log.exception("sampling round failed", cadence=cadence.value)
         self._rounds_done.add(cadence)
+        self._round_counts[cadence] += 1
         if cadence is Cadence.FAST:
             self._last_round_end = self._clock()
         self._render()
 
     async def _round(self, cadence: Cadence, interval: float) -> None:
+        """Submit this cadence's work, wait a bounded time, then settle what finished or hung."""
+        work: dict[asyncio.Future[Any], _Pending] = {}
         if cadence is Cadence.FAST:
-            self._probe_lost_gpus()
-        if cadence is Cadence.SLOW:
-            self._refresh_inventory()
-        pending: dict[asyncio.Future[JobOutcome], tuple[GpuState, Job]] = {}
+            self._submit_probes(work)
+        else:
+            self._submit_inventory(work)
+        self._submit_jobs(cadence, work)
+        if not work:
+            return
+        done, late = await asyncio.wait(work, timeout=min(self._config.nvml_timeout, interval))
+        for future in done:
+            work[future].finished(future)
+        for future in late:
+            work[future].late()
+
+    def _submit(
+        self,
+        fn: Callable[[], Any],
+        work: dict[asyncio.Future[Any], _Pending],
+        pending: _Pending,
+    ) -> concurrent.futures.Future[Any] | None:
+        try:
+            future = self._pool.submit(fn)
+        except PoolExhausted as exc:
+            self._log_once(("pool",), "work not started", error=str(exc))
+            return None
+        wrapped = asyncio.wrap_future(future)
+        # Abandoned work may finish (or fail) long after its round: consume its outcome.
+        wrapped.add_done_callback(_consume)
+        work[wrapped] = pending
+        return future
+
+    def _submit_jobs(self, cadence: Cadence, work: dict[asyncio.Future[Any], _Pending]) -> None:
         for state in self._gpus:
             if not state.up:
                 continue
             for job in state.jobs:
                 if job.collector.cadence is not cadence:
                     continue
-                started = self._start(job)
-                if started is not None:
-                    pending[started] = (state, job)
-        if not pending:
-            return
-        done, late = await asyncio.wait(pending, timeout=min(self._config.nvml_timeout, interval))
-        for future in done:
-            self._finish(*pending[future], future)
-        for future in late:
-            self._give_up(pending[future][1])
-
-    def _start(self, job: Job) -> asyncio.Future[JobOutcome] | None:
-        if job.hung:
-            job.ok = False  # still stuck in an earlier call: skip, keep the old samples
-            return None
-        job.calls.failures = []
-        try:
-            job.future = self._pool.submit(lambda: _run(job))
-        except PoolExhausted as exc:
-            job.ok = False
-            self._log_once(
-                ("pool", job.name), "job not started", collector=job.name, error=str(exc)
-            )
-            return None
-        wrapped = asyncio.wrap_future(job.future)
-        # An abandoned job may finish (or fail) long after its round: consume its outcome.
-        wrapped.add_done_callback(_consume)
-        return wrapped
+                if job.hung:
+                    job.ok = False  # still stuck in an earlier call: skip, keep the old samples
+                    continue
+                job.calls.failures = []
+                job.future = self._submit(
+                    partial(_run, job),
+                    work,
+                    _Pending(partial(self._finish, state, job), partial(self._give_up, job)),
+                )
+                if job.future is None:
+                    job.ok = False
 
     def _finish(self, state: GpuState, job: Job, future: asyncio.Future[JobOutcome]) -> None:
         exc = future.exception()
@@ -414,50 +439,60 @@ class Sampler:
         state.next_probe = self._clock() + state.backoff
         state.backoff = min(state.backoff * 2, MAX_PROBE_BACKOFF)
 
-    def _probe_lost_gpus(self) -> None:
+    def _submit_probes(self, work: dict[asyncio.Future[Any], _Pending]) -> None:
         now = self._clock()
         for state in self._gpus:
-            if state.up:
+            busy = state.discovery is not None and not state.discovery.done()
+            if state.up or busy or now < state.next_probe:
                 continue
-            if state.probe is not None and state.probe.done():
-                self._probe_result(state, state.probe)
-                state.probe = None
-            elif state.probe is None and now >= state.next_probe:
-                try:
-                    state.probe = self._pool.submit(self._discovery(state.index))
-                except PoolExhausted:
-                    self._schedule_probe(state)
+            state.discovery = self._submit(
+                self._discovery(state.index),
+                work,
+                _Pending(partial(self._probe_result, state), partial(self._probe_late, state)),
+            )
 
-    def _probe_result(self, state: GpuState, probe: concurrent.futures.Future[Gpu]) -> None:
-        exc = probe.exception()
-        if exc is not None:
+    def _probe_result(self, state: GpuState, future: asyncio.Future[Gpu]) -> None:
+        if future.exception() is not None:
             self._schedule_probe(state)
             return
-        gpu = probe.result()
+        gpu = future.result()
         self._support.forget(gpu.device.uuid)
         state.gpu, state.up, state.backoff = gpu, True, 1.0
         state.jobs = self._make_jobs(gpu)
         _log.info("gpu is back", gpu=state.index, uuid=gpu.device.uuid)
         self._notify("device_recovered", gpu.device.id)
 
-    def _refresh_inventory(self) -> None:
-        """Pick up MIG reconfiguration: rediscover each GPU and rebuild jobs where it changed."""
+    def _probe_late(self, state: GpuState) -> None:
+        self._abandon_discovery(state)
+        self._schedule_probe(state)
+
+    def _abandon_discovery(self, state: GpuState) -> None:
+        """A hung discovery is skipped until it returns; the next round tries again."""
+        if state.discovery is not None:
+            self._pool.abandon(state.discovery)
+
+    def _submit_inventory(self, work: dict[asyncio.Future[Any], _Pending]) -> None:
+        """Rediscover each GPU so a MIG reconfiguration is picked up (applied when it returns)."""
         for state in self._gpus:
-            if not state.up or state.gpu is None:
+            busy = state.discovery is not None and not state.discovery.done()
+            if not state.up or state.gpu is None or busy:
                 continue
-            try:
-                future = self._pool.submit(self._discovery(state.index))
-            except PoolExhausted:
-                return
-            future.add_done_callback(
-                partial(self._from_thread, self._apply_inventory, state, state.gpu)
+            state.discovery = self._submit(
+                self._discovery(state.index),
+                work,
+                _Pending(
+                    partial(self._apply_inventory, state, state.gpu),
+                    partial(self._abandon_discovery, state),
+                ),
             )
 
-    def _apply_inventory(
-        self, state: GpuState, previous: Gpu, future: concurrent.futures.Future[Gpu]
-    ) -> None:
-        if future.exception() is not None or state.gpu is not previous or not state.up:
-            return  # lost in the meantime, or already replaced: the probe path handles it
+    def _apply_inventory(self, state: GpuState, previous: Gpu, future: asyncio.Future[Gpu]) -> None:
+        exc = future.exception()
+        if isinstance(exc, DeviceLost) and state.up:
+            self._mark_lost(state, exc)
+            return
+        if exc is not None or state.gpu is not previous or not state.up:
+            return  # failed this time, or replaced meanwhile: the next slow round tries again
         gpu = future.result()
         if [d.id for d in gpu.devices()] == [d.id for d in previous.devices()]:
             return
@@ -474,12 +509,6 @@ class Sampler:
 
     def _discovery(self, index: int) -> Callable[[], Gpu]:
         return partial(discover_gpu, index, self._support, self._errors)
-
-    def _from_thread(self, fn: Callable[..., None], *args: Any) -> None:
-        """Run ``fn(*args)`` on the event loop (called from a worker thread)."""
-        loop = self._event_loop
-        if loop is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(fn, *args)
 
     def _close_jobs(self, jobs: list[Job]) -> None:
         def close_all() -> None:

@@ -21,6 +21,7 @@ import pynvml
 # Classified by NVML return code, which is stable across pynvml versions (class names are not).
 _NOT_SUPPORTED = frozenset({pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND})
 _LOST = frozenset({pynvml.NVML_ERROR_GPU_IS_LOST, pynvml.NVML_ERROR_RESET_REQUIRED})
+_NOT_FOUND: int = pynvml.NVML_ERROR_NOT_FOUND
 # Codes that mean "the library or driver is not there", as opposed to a failing device.
 _UNAVAILABLE = frozenset(
     {
@@ -33,7 +34,10 @@ _UNAVAILABLE = frozenset(
 
 
 def nvml_code(exc: BaseException) -> int | None:
-    return getattr(exc, "value", None) if isinstance(exc, pynvml.NVMLError) else None
+    if not isinstance(exc, pynvml.NVMLError):
+        return None
+    value = getattr(exc, "value", None)
+    return value if isinstance(value, int) else None
 
 
 class NvmlUnavailable(RuntimeError):
@@ -58,7 +62,7 @@ def is_lost(exc: BaseException) -> bool:
 
 
 def is_not_found(exc: BaseException) -> bool:
-    return nvml_code(exc) == pynvml.NVML_ERROR_NOT_FOUND
+    return nvml_code(exc) == _NOT_FOUND
 
 
 def is_unavailable(exc: BaseException) -> bool:

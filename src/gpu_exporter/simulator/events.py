@@ -205,6 +205,33 @@ def _unhang(body: Mapping[str, Any], path: str, gpus: Sequence[GpuSpec]) -> Para
     }
 
 
+# Error codes an injected failure may return (nvml.h); names as the exporter labels them.
+NVML_ERROR_CODES: Mapping[str, int] = {
+    "unknown": 999,
+    "timeout": 10,
+    "no_permission": 4,
+    "insufficient_power": 8,
+    "irq_issue": 11,
+    "corrupted_inforom": 14,
+    "memory": 20,
+    "no_data": 21,
+}
+
+
+def _nvml_error(body: Mapping[str, Any], path: str, gpus: Sequence[GpuSpec]) -> Params:
+    from gpu_exporter.simulator.library import C_FUNCTIONS  # the library needs this module
+
+    state = s.choice(body.get("state", "on"), s.key(path, "state"), ("on", "off"))
+    return {
+        "function": s.choice(body["function"], s.key(path, "function"), C_FUNCTIONS),
+        "gpu": gpu_index(body["gpu"], s.key(path, "gpu"), gpus) if "gpu" in body else None,
+        "code": NVML_ERROR_CODES[
+            s.choice(body.get("error", "unknown"), s.key(path, "error"), NVML_ERROR_CODES)
+        ],
+        "on": state == "on",
+    }
+
+
 def _type(keys: set[str], required: set[str], validate: Validator) -> EventType:
     return EventType(frozenset(keys), frozenset(required), validate)
 
@@ -226,4 +253,5 @@ EVENT_TYPES: Mapping[str, EventType] = {
     "release": _type({"pod", "namespace", "gpu"}, {"pod"}, _release),
     "hang": _type({"function", "gpu", "duration"}, {"function"}, _hang),
     "unhang": _type({"function", "gpu"}, set(), _unhang),
+    "nvml_error": _type({"function", "gpu", "error", "state"}, {"function"}, _nvml_error),
 }

@@ -101,8 +101,13 @@ def _entry_point(node: SimulatedNode, name: str, method: Callable[..., int]) -> 
 def _call(node: SimulatedNode, name: str, method: Callable[..., int], args: tuple[Any, ...]) -> int:
     if name not in NO_INIT and node.init_count == 0:
         return UNINITIALIZED
+    node.calls[name] += 1  # lets tests check what the exporter asks, and how often
     node.advance(integrate=False)
     _wait_if_hung(node, name, args)
+    if node.failures:
+        failure = node.failure_for(name, _gpu_index(node, name, args))
+        if failure is not None:
+            return failure
     if name in UNLOCKED:
         return method(*args)
     with node.lock:

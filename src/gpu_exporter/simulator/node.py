@@ -7,7 +7,7 @@ import heapq
 import itertools
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -105,6 +105,8 @@ class SimulatedNode:
         self.gpm_samples: dict[int, GpmSample | None] = {}
         self.gpm_structs: dict[int, Any] = {}
         self.hangs: list[Hang] = []
+        self.failures: dict[tuple[str, int | None], int] = {}
+        self.calls: Counter[str] = Counter()  # NVML C function -> times called
         self.applied: deque[dict[str, Any]] = deque(maxlen=1000)
         self.init_count = 0
         self.closed = threading.Event()
@@ -353,6 +355,19 @@ class SimulatedNode:
     def _on_hang(self, p: Mapping[str, Any], t: float) -> None:
         deadline = None if p["duration"] is None else time.monotonic() + p["duration"]
         self.hangs.append(Hang(p["function"], p["gpu"], deadline))
+
+    def _on_nvml_error(self, p: Mapping[str, Any], t: float) -> None:
+        key = (p["function"], p["gpu"])
+        if p["on"]:
+            self.failures[key] = p["code"]
+        else:
+            self.failures.pop(key, None)
+
+    def failure_for(self, function: str, gpu: int | None) -> int | None:
+        """The error code an injected failure makes ``function`` return on ``gpu``, if any."""
+        with self.lock:
+            code = self.failures.get((function, gpu))
+            return code if code is not None else self.failures.get((function, None))
 
     def _on_unhang(self, p: Mapping[str, Any], t: float) -> None:
         for hang in self.hangs:

@@ -1,0 +1,97 @@
+"""Test helpers: a manual clock, a simulated sampler driven round by round, exposition parsing."""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, replace
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpu_exporter.collectors import Cadence, collector_names
+from gpu_exporter.config import Config
+from gpu_exporter.nvml import WorkerPool
+from gpu_exporter.sampler import Sampler
+from gpu_exporter.simulator import SimulatedNode, install, loads_scenario, uninstall
+
+Series = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+class ManualClock:
+    """A monotonic clock that moves only when told to (shared by simulator and sampler)."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def parse_exposition(text: str) -> Series:
+    series: Series = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            series[(sample.name, frozenset(sample.labels.items()))] = sample.value
+    return series
+
+
+def select(series: Series, name: str, **labels: str) -> dict[frozenset[tuple[str, str]], float]:
+    """Every series of ``name`` whose labels include ``labels``."""
+    wanted = set(labels.items())
+    return {key: v for (n, key), v in series.items() if n == name and wanted <= key}
+
+
+def one(series: Series, name: str, **labels: str) -> float:
+    found = select(series, name, **labels)
+    assert len(found) == 1, f"expected one {name}{labels}, found {len(found)}: {sorted(found)}"
+    return next(iter(found.values()))
+
+
+@dataclass
+class SimulatedSampler:
+    sampler: Sampler
+    node: SimulatedNode
+    clock: ManualClock
+
+    async def fast_round(self, seconds: float = 1.0) -> Series:
+        self.clock.advance(seconds)
+        await self.sampler.sample_round(Cadence.FAST)
+        return self.series()
+
+    async def slow_round(self) -> Series:
+        await self.sampler.sample_round(Cadence.SLOW)
+        return self.series()
+
+    def series(self) -> Series:
+        return parse_exposition(self.sampler.exposition.text.decode())
+
+    def inject(self, event: Mapping[str, Any]) -> None:
+        self.node.inject(event)
+
+
+def make_config(**overrides: Any) -> Config:
+    base = Config(listen_host="127.0.0.1", listen_port=0, collectors=frozenset(collector_names()))
+    return replace(base, **overrides)
+
+
+@asynccontextmanager
+async def simulated_sampler(scenario: str, **config: Any) -> AsyncIterator[SimulatedSampler]:
+    """A started sampler on a simulated node with a manual clock; no background loops."""
+    clock = ManualClock()
+    node = SimulatedNode(loads_scenario(textwrap.dedent(scenario), "<test>"), clock=clock)
+    install(node)
+    pool = WorkerPool(size=4)
+    sampler = Sampler(make_config(**config), pool, clock=clock)
+    try:
+        await sampler.start(background=False)
+        yield SimulatedSampler(sampler, node, clock)
+    finally:
+        await sampler.stop()
+        pool.shutdown()
+        node.close()
+        uninstall()

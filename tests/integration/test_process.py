@@ -1,0 +1,130 @@
+"""The exporter as a user runs it: a separate process, signals, exit codes and error lines."""
+
+from __future__ import annotations
+
+import ctypes.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import promtool_check_metrics
+
+STARTUP_LIMIT = 30.0
+
+
+def exporter_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "gpu_exporter", "--log-format=json", *args]
+
+
+def start(*args: str) -> tuple[subprocess.Popen[str], int]:
+    """Start the exporter on an ephemeral port and return it once it says where it listens."""
+    process = subprocess.Popen(
+        exporter_command("--listen=127.0.0.1:0", *args),
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert process.stderr is not None
+    for line in process.stderr:  # each log line is an event; no polling needed
+        event = json.loads(line)
+        if event.get("event") == "listening":
+            return process, int(event["address"].rsplit(":", 1)[1])
+    raise AssertionError(f"exporter exited with {process.wait()} before listening")
+
+
+@pytest.fixture
+def running_exporter() -> Iterator[tuple[subprocess.Popen[str], int]]:
+    process, port = start("--simulate", "--fast-interval=200ms")
+    try:
+        yield process, port
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, ""
+
+
+def test_simulated_exporter_serves_clean_metrics_and_exits_0_on_sigterm(
+    running_exporter: tuple[subprocess.Popen[str], int],
+) -> None:
+    process, port = running_exporter
+    status, body = get(port, "/metrics")
+    assert status == 200
+    assert 'gpu_info{gpu="0"' in body
+    promtool_check_metrics(body)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=10) == 0
+
+
+def test_sigint_also_stops_it_cleanly(running_exporter: tuple[subprocess.Popen[str], int]) -> None:
+    process, _ = running_exporter
+    process.send_signal(signal.SIGINT)
+    assert process.wait(timeout=10) == 0
+
+
+def test_a_bad_scenario_is_one_line_naming_file_and_key(tmp_path: Path) -> None:
+    scenario = tmp_path / "node.yaml"
+    scenario.write_text("gpus:\n  - model: H900\n")
+    result = subprocess.run(
+        exporter_command("--simulate", str(scenario)), capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert str(scenario) in lines[0]
+    assert "gpus[0].model" in lines[0]
+    assert "H900" in lines[0]
+
+
+def test_a_missing_scenario_file_is_one_line() -> None:
+    result = subprocess.run(
+        exporter_command("--simulate", "/nonexistent/node.yaml"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert "/nonexistent/node.yaml" in result.stderr
+
+
+def test_bad_flags_are_one_line_without_traceback() -> None:
+    result = subprocess.run(
+        exporter_command("--fast-interval=often"), capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2
+    assert result.stderr == (
+        "gpu-exporter: error: argument --fast-interval: invalid duration 'often' "
+        "(use e.g. 500ms, 1s, 2m)\n"
+    )
+
+
+@pytest.mark.skipif(
+    ctypes.util.find_library("nvidia-ml") is not None, reason="this machine has an NVIDIA driver"
+)
+def test_without_nvml_it_exits_non_zero_with_one_line_naming_simulate() -> None:
+    result = subprocess.run(exporter_command(), capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "--simulate" in lines[0]
+
+
+def test_the_console_script_and_python_m_are_the_same_program() -> None:
+    result = subprocess.run(exporter_command("--version"), capture_output=True, text=True)
+    assert result.returncode == 0
+    assert result.stdout.startswith("gpu-exporter ")
