@@ -35,12 +35,9 @@ class Exporter:
     @property
     def port(self) -> int:
         """The bound port (useful with ``--listen 127.0.0.1:0``)."""
-        assert self.runner is not None, "exporter not started"
-        for site in self.runner.sites:
-            server = getattr(site, "_server", None)
-            if server is not None and server.sockets:
-                return int(server.sockets[0].getsockname()[1])
-        raise RuntimeError("exporter has no listening socket")
+        if self.runner is None or not self.runner.addresses:
+            raise RuntimeError("exporter is not listening")
+        return int(self.runner.addresses[0][1])
 
     async def start(self) -> None:
         await self.sampler.start()

@@ -106,34 +106,40 @@ class Exposition:
 
 
 def render(samples: Iterable[Sample], family_order: Sequence[Family] = ()) -> Exposition:
-    """Group samples by family (in ``family_order``, then first appearance) and encode both formats.
+    """Group samples by family name (in ``family_order``, then first appearance) and encode both
+    formats. A family with no samples is omitted entirely: an unsupported signal leaves no trace.
 
-    A family with no samples is omitted entirely: an unsupported signal leaves no trace.
+    Grouping is by name so that two parts declaring the same family (``gpu_exporter_source_up``
+    from the sampler and from a log source, say) still yield one HELP/TYPE block.
     """
-    by_family: dict[Family, list[str]] = {family: [] for family in family_order}
+    families: dict[str, Family] = {}
+    lines_by_name: dict[str, list[str]] = {}
+    for family in family_order:
+        families.setdefault(family.name, family)
+        lines_by_name.setdefault(family.name, [])
     for sample in samples:
-        lines = by_family.get(sample.family)
+        name = sample.family.name
+        lines = lines_by_name.get(name)
         if lines is None:
-            lines = by_family[sample.family] = []
+            families[name] = sample.family
+            lines = lines_by_name[name] = []
         value = format_value(sample.value)
         if sample.labels:
-            lines.append(f"{sample.family.name}{{{sample.labels}}} {value}\n")
+            lines.append(f"{name}{{{sample.labels}}} {value}\n")
         else:
-            lines.append(f"{sample.family.name} {value}\n")
+            lines.append(f"{name} {value}\n")
     text_parts: list[str] = []
     om_parts: list[str] = []
-    for family, lines in by_family.items():
+    for name, lines in lines_by_name.items():
         if not lines:
             continue
+        family = families[name]
         help_text = family.help.replace("\\", "\\\\").replace("\n", "\\n")
         body = "".join(lines)
-        text_parts.append(
-            f"# HELP {family.name} {help_text}\n# TYPE {family.name} {family.type.value}\n{body}"
-        )
+        kind = family.type.value
+        text_parts.append(f"# HELP {name} {help_text}\n# TYPE {name} {kind}\n{body}")
         om_name = family.openmetrics_name
-        om_parts.append(
-            f"# HELP {om_name} {help_text}\n# TYPE {om_name} {family.type.value}\n{body}"
-        )
+        om_parts.append(f"# HELP {om_name} {help_text}\n# TYPE {om_name} {kind}\n{body}")
     om_parts.append("# EOF\n")
     return Exposition(
         text="".join(text_parts).encode(),

@@ -107,3 +107,10 @@ def test_gzip_bodies_are_built_once_and_decompress_to_the_plain_body() -> None:
 def test_promtool_accepts_the_text_format() -> None:
     body = render([Sample(POWER, gpu(0), 1), Sample(ENERGY, gpu(0), 2)], [POWER, ENERGY]).text
     promtool_check_metrics(body.decode())
+
+
+def test_a_family_declared_twice_yields_one_help_and_type_block() -> None:
+    again = gauge("gpu_power_watts", "Declared elsewhere with other words.")
+    text = render([Sample(POWER, gpu(0), 1), Sample(again, gpu(1), 2)], [POWER]).text.decode()
+    assert text.count("# TYPE gpu_power_watts gauge") == 1
+    assert 'gpu_power_watts{gpu="1",uuid="GPU-1"} 2' in text
