@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import tempfile
 from collections.abc import Iterable
 from contextlib import suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -17,8 +19,10 @@ from .logs import get_logger
 from .nvml import WorkerPool
 from .sampler import Sampler
 from .server import make_web_app
+from .xid import XidSubsystem
 
 _log = get_logger("app")
+DEFAULT_KMSG = Path("/dev/kmsg")
 
 
 @dataclass
@@ -29,6 +33,7 @@ class Exporter:
     pool: WorkerPool
     sampler: Sampler
     web_app: web.Application
+    xid: XidSubsystem
     simulation: Any = None  # a SimulatedNode under --simulate
     runner: web.AppRunner | None = None
 
@@ -40,7 +45,8 @@ class Exporter:
         return int(self.runner.addresses[0][1])
 
     async def start(self) -> None:
-        await self.sampler.start()
+        await self.sampler.start()  # NVML up and devices known before the Xid sources start
+        await self.xid.start()
         self.runner = web.AppRunner(self.web_app, access_log=None, handle_signals=False)
         await self.runner.setup()
         site = web.TCPSite(self.runner, self.config.listen_host, self.config.listen_port)
@@ -50,6 +56,7 @@ class Exporter:
     async def stop(self) -> None:
         if self.runner is not None:
             await self.runner.cleanup()
+        await self.xid.stop()  # frees its NVML event set before nvmlShutdown
         await self.sampler.stop()
         self.pool.shutdown()
         if self.simulation is not None:
@@ -66,9 +73,13 @@ def build_exporter(config: Config) -> Exporter:
     extra_routes: Iterable[web.RouteDef] = ()
     if config.simulator is not None:
         simulation, extra_routes = _start_simulation(config)
+        config = _simulated_paths(config)
     sampler = Sampler(config, pool)
+    xid = _build_xid(config, sampler, simulation)
+    sampler.add_source(xid)
+    sampler.add_listener(xid)
     web_app = make_web_app(sampler, extra_routes)
-    return Exporter(config, pool, sampler, web_app, simulation)
+    return Exporter(config, pool, sampler, web_app, xid, simulation)
 
 
 def _pool_size() -> int:
@@ -85,6 +96,39 @@ def _start_simulation(config: Config) -> tuple[Any, Iterable[web.RouteDef]]:
     node = SimulatedNode(scenario)
     install(node)
     return node, make_routes(node)
+
+
+def _simulated_paths(config: Config) -> Config:
+    """Keep a simulated node off the host's real kernel log and state directory.
+
+    The simulator writes its Xid lines to a kmsg-format file; a demo run on a real GPU node must
+    not journal simulated UUIDs under the real ``--state-dir`` either.
+    """
+    scratch = Path(tempfile.mkdtemp(prefix="gpu-exporter-sim-"))
+    changes: dict[str, Any] = {}
+    if config.kmsg_path == DEFAULT_KMSG:
+        changes["kmsg_path"] = scratch / "kmsg"
+    if config.state_dir == Config.state_dir:
+        changes["state_dir"] = scratch / "state"
+    return replace(config, **changes)
+
+
+def _build_xid(config: Config, sampler: Sampler, simulation: Any) -> XidSubsystem:
+    boot_id = None
+    if simulation is not None:
+        config.kmsg_path.touch()
+        simulation.add_kmsg_file(config.kmsg_path)
+        boot_id = simulation.scenario.node.boot_id
+    return XidSubsystem(
+        devices=sampler.devices,
+        kmsg_path=config.kmsg_path if config.kmsg else None,
+        state_dir=config.state_dir,
+        proc_path=config.proc_path,
+        classes_path=config.xid_classes,
+        nvml_events=config.nvml_events,
+        boot_id=boot_id,
+        on_change=sampler.render_now,
+    )
 
 
 async def run_until_signalled(exporter: Exporter) -> None:

@@ -126,6 +126,25 @@ def build_parser() -> argparse.ArgumentParser:
         help="kernel log to read Xids from (default /dev/kmsg)",
     )
     add(
+        "--kmsg",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="read Xids from the kernel log (needs CAP_SYSLOG; default on)",
+    )
+    add(
+        "--nvml-events",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="receive Xids as NVML events (default on)",
+    )
+    add(
+        "--xid-classes",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="YAML file overriding Xid classes, e.g. '94: hardware' (see docs/xid.md)",
+    )
+    add(
         "--pod-resources-socket",
         type=Path,
         default=Path("/var/lib/kubelet/pod-resources/kubelet.sock"),
@@ -233,10 +252,23 @@ def parse_config(argv: Sequence[str], environ: Mapping[str, str] | None = None) 
         pod_resources_socket=namespace.pod_resources_socket,
         state_dir=namespace.state_dir,
         proc_path=namespace.proc_path,
+        xid_classes=namespace.xid_classes,
+        kmsg=namespace.kmsg,
+        nvml_events=namespace.nvml_events,
         idle_threshold=namespace.idle_threshold,
         log_format=namespace.log_format,
         log_level=namespace.log_level,
     )
+
+
+def _check_xid_classes(path: Path) -> None:
+    """Validate the override file up front, so a mistake is one line and exit status 2."""
+    from .xid import XidClassesError, load_classifier
+
+    try:
+        load_classifier(path)
+    except XidClassesError as exc:
+        raise UsageError(str(exc)) from exc
 
 
 def run(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:

@@ -30,6 +30,9 @@ class Config:
     pod_resources_socket: Path = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
     state_dir: Path = Path("/var/lib/gpu-exporter")
     proc_path: Path = Path("/proc")
+    xid_classes: Path | None = None
+    kmsg: bool = True
+    nvml_events: bool = True
     idle_threshold: float = 0.05
     log_format: str = "auto"
     log_level: str = "info"

@@ -75,11 +75,14 @@ _log = get_logger("sampler")
 
 
 class DeviceListener(Protocol):
-    """Told on the event loop when a GPU is lost and when it answers again (after a reset)."""
+    """Told of hardware conditions the sampler sees: lost and recovered GPUs (on the event
+    loop), and failed row remaps (from a worker thread, on every slow round while it stands)."""
 
     def device_lost(self, gpu: DeviceId) -> None: ...
 
     def device_recovered(self, gpu: DeviceId) -> None: ...
+
+    def note_remap_failure(self, device: DeviceId) -> None: ...
 
 
 class SampleSource(Protocol):
@@ -154,7 +157,9 @@ class Sampler:
         self._collector_types = tuple(c for c in collectors if c.name in config.collectors)
         self._clock = clock
         self.ledger = ActivityLedger()
-        self._context = CollectorContext(config=config, clock=clock, ledger=self.ledger)
+        self._context = CollectorContext(
+            config=config, clock=clock, ledger=self.ledger, on_remap_failure=self._remap_failed
+        )
         self._support = SupportRegistry()
         self._errors = ErrorCounter()
         self._log_limiter = RateLimiter(period=60.0, clock=clock)
@@ -507,6 +512,13 @@ class Sampler:
             except Exception:  # a listener's bug must not stop sampling
                 _log.exception("device listener failed", listener=type(listener).__name__)
 
+    def _remap_failed(self, device: DeviceId) -> None:
+        for listener in self._listeners:
+            try:
+                listener.note_remap_failure(device)
+            except Exception:  # a listener's bug must not fail the collector
+                _log.exception("device listener failed", listener=type(listener).__name__)
+
     def _discovery(self, index: int) -> Callable[[], Gpu]:
         return partial(discover_gpu, index, self._support, self._errors)
 
@@ -520,6 +532,10 @@ class Sampler:
             self._pool.submit(close_all)
 
     # -- rendering ---------------------------------------------------------------------------
+
+    def render_now(self) -> None:
+        """Re-render at once (an event source calls this on the event loop when it has news)."""
+        self._render()
 
     def _render(self) -> None:
         self._exposition = render(self._collect_samples(), self._family_order)

@@ -18,7 +18,7 @@ from enum import Enum
 from typing import ClassVar
 
 from ..config import Config
-from ..devices import Device
+from ..devices import Device, DeviceId
 from ..exposition import Family, Sample, join_labels
 from ..ledger import ActivityLedger
 from ..nvml import DeviceCalls
@@ -42,6 +42,8 @@ class CollectorContext:
     config: Config
     clock: Callable[[], float] = time.monotonic
     ledger: ActivityLedger = field(default_factory=ActivityLedger)
+    # Told (from a worker thread) each time a device reports a failed row remap: the drain latch.
+    on_remap_failure: Callable[[DeviceId], None] = lambda device: None
 
 
 @dataclass

@@ -45,6 +45,8 @@ class RemapCollector(Collector):
             out.add(REMAPPED_ROWS, uncorrectable, _UNCORRECTABLE)
             out.add(PENDING, 1.0 if pending else 0.0)
             out.add(FAILED, 1.0 if failed else 0.0)
+            if failed:
+                self.context.on_remap_failure(self.device.id)
         histogram = calls.get(pynvml.nvmlDeviceGetRowRemapperHistogram, handle)
         if histogram is not None:
             for name, labels in _AVAILABILITY:

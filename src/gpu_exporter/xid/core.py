@@ -1,0 +1,299 @@
+"""The Xid core: de-duplicates, classifies, attributes, counts, latches drains, and persists.
+
+Called from the reader threads (kernel log, NVML events) and from a control thread (device
+listener calls); one lock serialises every change, and the journal is written under it so the
+file's order is the order of changes. What the event loop reads is :attr:`XidCore.published`, an
+immutable snapshot replaced after each change: a render never waits for a reader or for fsync.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ..devices import DeviceId
+from ..logs import RateLimiter, get_logger
+from .classes import Classifier
+from .journal import Journal
+from .state import REASONS, CountKey, LastKey, Op, XidState
+
+SOURCE_KMSG = "kmsg"
+SOURCE_NVML = "nvml_events"
+_LEVEL_BY_CLASS = {"hardware": "error", "informational": "info"}
+
+_log = get_logger("xid")
+
+
+class HolderLookup(Protocol):
+    """Who held a device at a time: ``(namespace, pod)`` or None (the allocation subsystem).
+
+    XidSubsystem calls it on the event loop (reader threads wait for it), so it must be cheap
+    (no I/O) but need not be thread-safe. ``uuid`` is the
+    device's uuid (a MIG instance's own ``MIG-...`` uuid when the Xid names the instance). When
+    ``pid`` is given (the kernel line names the faulting process) and maps to a pod, that pod must
+    win over the device's allocation: on a shared (time-sliced) GPU it is the one that faulted.
+    """
+
+    def holder(self, uuid: str, at_wall_time: float, pid: int | None) -> tuple[str, str] | None: ...
+
+
+# Where a kernel-log record sits: (boot id, seq, wall time of usec 0, file key, end offset).
+KmsgPosition = tuple[str, int | None, float | None, str | None, int | None]
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One Xid as one source reported it, before de-duplication."""
+
+    source: str  # SOURCE_KMSG | SOURCE_NVML
+    channel: str  # "kmsg", "kmsg_fallen" (the no-Xid "fallen off the bus" report) or "nvml"
+    xid: int
+    when: float  # wall time of the event
+    device: DeviceId | None  # the GPU or MIG instance, None when the bus id matched no GPU
+    gpu_uuid: str  # the whole GPU's uuid ("" when unknown)
+    bus_id: str = ""
+    pid: int | None = None
+    process_name: str | None = None
+    text: str = ""
+    raw: str = ""
+    details: Mapping[str, str] = field(default_factory=dict)
+    kmsg: KmsgPosition | None = None
+
+    @property
+    def dedup_key(self) -> str:
+        return self.gpu_uuid or f"bus:{self.bus_id}"
+
+
+@dataclass(frozen=True)
+class Published:
+    """An immutable view of the state for the event loop."""
+
+    counts: Mapping[CountKey, float] = field(default_factory=dict)
+    last_seen: Mapping[LastKey, float] = field(default_factory=dict)
+    class_counts: Mapping[tuple[str, str, str], float] = field(default_factory=dict)
+    latches: tuple[tuple[str, str, str], ...] = ()  # (uuid, gpu, reason)
+    duplicates: Mapping[str, float] = field(default_factory=dict)
+    kmsg_lost: float = 0.0
+    unparsed: float = 0.0
+    journal_ok: bool = False
+
+
+class XidCore:
+    def __init__(
+        self,
+        classifier: Classifier,
+        journal: Journal,
+        *,
+        holder: HolderLookup | None = None,
+        window: float = 5.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._classifier = classifier
+        self._journal = journal
+        self.holder = holder  # replaced by XidSubsystem.start with one that asks the loop
+        self._window = window
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._state = XidState()
+        self._duplicates: Counter[str] = Counter({SOURCE_KMSG: 0, SOURCE_NVML: 0})
+        self._kmsg_lost = 0
+        self._unparsed = 0
+        self._limiter = RateLimiter(period=60.0)
+        self.published = Published()
+        # Called (from whichever thread made the change) after each publication.
+        self.on_publish: Callable[[], None] | None = None
+
+    # -- startup -----------------------------------------------------------------------------
+
+    def load(self, boot_id: str) -> None:
+        """Read the journal (blocking I/O: call off the event loop) and start a new boot."""
+        with self._lock:
+            self._state = self._journal.load()
+            if self._state.boot_id != boot_id:
+                if self._state.boot_id:
+                    _log.info(
+                        "new boot: drain latches cleared",
+                        previous_boot_id=self._state.boot_id,
+                        boot_id=boot_id,
+                        cleared=len(list(self._state.latched())),
+                    )
+                self._state.apply(self._journal.number([{"op": "boot", "b": boot_id}])[0])
+            self._journal.compact(self._state.to_snapshot())
+            self._publish()
+
+    def kmsg_position(self) -> tuple[str, int, float | None]:
+        with self._lock:
+            return self._state.boot_id, self._state.kmsg_seq, self._state.kmsg_offset
+
+    def kmsg_seen(self, position: KmsgPosition) -> bool:
+        """Whether a replayed kernel-log record was handled before a restart."""
+        boot_id, seq, _offset, file_key, file_end = position
+        with self._lock:
+            return self._state.kmsg_seen(boot_id, seq, file_key, file_end)
+
+    # -- events --------------------------------------------------------------------------------
+
+    def observe(self, observations: Iterable[Observation]) -> None:
+        """Count what is new, drop duplicates, persist; then log each counted Xid."""
+        prepared = [(obs, self._labels(obs)) for obs in observations]
+        if not prepared:
+            return
+        outcomes: list[bool] = []
+        with self._lock:
+            applied: list[Op] = []
+            for obs, labels in prepared:
+                # Applied one by one: a later report in the same batch may be this one's twin.
+                op = self._decide(obs, labels)
+                counted = op["op"] == "count"
+                outcomes.append(counted)
+                applied += self._apply([op, *self._latch_ops(obs, labels)] if counted else [op])
+                if not counted:
+                    self._duplicates[obs.source] += 1
+            self._persist(applied)
+        for (obs, labels), counted in zip(prepared, outcomes, strict=True):
+            if counted:
+                _log_xid(obs, labels)
+            else:
+                _log.debug("duplicate Xid dropped", source=obs.source, xid=obs.xid, raw=obs.raw)
+
+    def _labels(self, obs: Observation) -> CountKey:
+        xid_class, action = self._classifier.classify(obs.xid, obs.details)
+        namespace, pod = self._lookup_holder(obs)
+        device = obs.device
+        gpu = str(device.index) if device is not None else ""
+        uuid = device.uuid if device is not None else ""
+        return (gpu, uuid, str(obs.xid), xid_class, action, namespace, pod)
+
+    def _lookup_holder(self, obs: Observation) -> tuple[str, str]:
+        if self.holder is None or (obs.device is None and obs.pid is None):
+            return "", ""
+        uuid = obs.device.uuid if obs.device is not None else ""
+        try:
+            found = self.holder.holder(uuid, obs.when, obs.pid)
+        except Exception as exc:  # attribution is best effort; the Xid must still count
+            if self._limiter.allow("holder") is not None:
+                _log.warning("holder lookup failed", uuid=uuid, error=repr(exc))
+            return "", ""
+        return found if found is not None else ("", "")
+
+    def _decide(self, obs: Observation, labels: CountKey) -> Op:
+        position = list(obs.kmsg) if obs.kmsg is not None else None
+        twin = self._state.find_twin(obs.dedup_key, obs.xid, obs.when, obs.channel, self._window)
+        if twin is not None:
+            return {"op": "dup", "r": twin, "c": obs.channel, "k": position}
+        recent = [self._state.next_id, obs.dedup_key, [obs.channel]]
+        return {"op": "count", "l": list(labels), "w": obs.when, "r": recent, "k": position}
+
+    def _latch_ops(self, obs: Observation, labels: CountKey) -> list[Op]:
+        if labels[3] != "hardware" or not obs.gpu_uuid:
+            return []
+        return self._latch_on(obs.gpu_uuid, labels[0], "hardware_xid")
+
+    def note_lost_records(self, count: int) -> None:
+        with self._lock:
+            self._kmsg_lost += count
+            self._publish()
+
+    def note_unparsed(self, message: str) -> None:
+        with self._lock:
+            self._unparsed += 1
+            self._publish()
+        if self._limiter.allow("unparsed") is not None:
+            _log.warning("kernel log line mentions an Xid but could not be parsed", raw=message)
+
+    # -- drain latches ---------------------------------------------------------------------------
+
+    def set_latch(self, gpu_uuid: str, gpu: str, reason: str) -> None:
+        with self._lock:
+            ops = self._latch_on(gpu_uuid, gpu, reason)
+            if ops:
+                self._commit(ops)
+        if ops:
+            _log.warning("drain recommended", gpu=gpu, uuid=gpu_uuid, reason=reason)
+
+    def clear_latches(self, gpu_uuid: str, why: str) -> None:
+        with self._lock:
+            reasons = list(self._state.latches.get(gpu_uuid, {}))
+            ops: list[Op] = [{"op": "latch", "u": gpu_uuid, "why": r, "on": False} for r in reasons]
+            if ops:
+                self._commit(ops)
+        if reasons:
+            _log.info("drain recommendation cleared", uuid=gpu_uuid, reasons=reasons, why=why)
+
+    def _latch_on(self, gpu_uuid: str, gpu: str, reason: str) -> list[Op]:
+        assert reason in REASONS
+        if reason in self._state.latches.get(gpu_uuid, {}):
+            return []
+        return [{"op": "latch", "u": gpu_uuid, "g": gpu, "why": reason, "on": True,
+                 "t": self._clock()}]  # fmt: skip
+
+    # -- persistence and publication -----------------------------------------------------------
+
+    def _commit(self, ops: list[Op]) -> None:
+        self._persist(self._apply(ops))
+
+    def _apply(self, ops: list[Op]) -> list[Op]:
+        numbered = self._journal.number(ops)
+        for op in numbered:
+            self._state.apply(op)
+        return numbered
+
+    def _persist(self, numbered: list[Op]) -> None:
+        """Durable before the readers move on (the ops are already applied in memory)."""
+        self._journal.append(numbered, self._state.to_snapshot)
+        self._publish()
+
+    def _publish(self) -> None:
+        state = self._state
+        class_counts: dict[tuple[str, str, str], float] = {}
+        for (gpu, uuid, _xid, xid_class, *_rest), value in state.counts.items():
+            key = (gpu, uuid, xid_class)
+            class_counts[key] = class_counts.get(key, 0.0) + value
+        self.published = Published(
+            counts=dict(state.counts),
+            last_seen=dict(state.last_seen),
+            class_counts=dict(class_counts),
+            latches=tuple((uuid, latch.gpu, reason) for uuid, reason, latch in state.latched()),
+            duplicates=dict(self._duplicates),
+            kmsg_lost=float(self._kmsg_lost),
+            unparsed=float(self._unparsed),
+            journal_ok=self._journal.ok,
+        )
+        if self.on_publish is not None:
+            self.on_publish()
+
+    def close(self) -> None:
+        with self._lock:
+            self._journal.close()
+
+
+def _log_xid(obs: Observation, labels: CountKey) -> None:
+    gpu, uuid, xid, xid_class, action, namespace, pod = labels
+    fields: dict[str, Any] = {
+        "gpu": gpu,
+        "uuid": uuid,
+        "pci_bus_id": obs.bus_id,
+        "xid": int(xid),
+        "class": xid_class,
+        "action": action,
+        "pid": obs.pid,
+        "process_name": obs.process_name,
+        "namespace": namespace,
+        "pod": pod,
+        "source": obs.source,
+        "event_time": obs.when,
+        "raw": obs.raw,
+    }
+    if obs.device is not None and obs.device.is_mig:
+        fields["gpu_instance_id"] = obs.device.gpu_instance_id
+    if obs.details:
+        fields["details"] = dict(obs.details)
+    if obs.kmsg is not None:
+        fields["boot_id"], fields["seq"] = obs.kmsg[0], obs.kmsg[1]
+    if not uuid:
+        fields["unmatched_bus_id"] = True
+    getattr(_log, _LEVEL_BY_CLASS.get(xid_class, "warning"))("xid", **fields)

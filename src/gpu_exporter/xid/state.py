@@ -1,0 +1,239 @@
+"""The Xid state that must survive restarts, as a pure value changed only by *ops*.
+
+Every change (an Xid counted, a duplicate matched, a drain latch set or cleared, a new boot) is an
+op: a small JSON-able dict. The live path applies an op and appends it to the journal; startup
+replays the journal's ops onto the last snapshot with the same :meth:`XidState.apply`, so the
+state after a crash is exactly the state before it, up to the last op written. An op carries the
+kernel-log position (boot id, sequence number) of the record it came from together with its
+count, so "counted" and "seen" can never disagree after a crash.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+# (gpu, uuid, xid, class, action, namespace, pod): the label values of gpu_xid_errors_total.
+CountKey = tuple[str, str, str, str, str, str, str]
+# (gpu, uuid, xid, class): the labels of gpu_xid_last_timestamp_seconds.
+LastKey = tuple[str, str, str, str]
+Op = dict[str, Any]
+
+REASONS = ("hardware_xid", "row_remap_failure", "device_lost")
+RECENT_HORIZON_S = 3600.0  # older events cannot have a twin still to come
+RECENT_MAX = 2048
+SNAPSHOT_VERSION = 1
+
+
+class BadOp(ValueError):
+    """An op or snapshot that does not have the expected shape (a corrupt journal)."""
+
+
+@dataclass
+class Recent:
+    """A counted event kept for de-duplication: which channels have reported it so far."""
+
+    id: int
+    key: str  # the whole GPU's uuid, or "bus:<bus id>" when no GPU matched
+    xid: int
+    when: float
+    channels: set[str]
+
+
+@dataclass
+class Latch:
+    gpu: str
+    since: float
+
+
+@dataclass
+class XidState:
+    counts: dict[CountKey, float] = field(default_factory=dict)
+    last_seen: dict[LastKey, float] = field(default_factory=dict)
+    latches: dict[str, dict[str, Latch]] = field(default_factory=dict)  # uuid -> reason -> latch
+    recent: list[Recent] = field(default_factory=list)
+    boot_id: str = ""
+    kmsg_seq: int = -1  # highest kernel-log sequence number handled in ``boot_id``
+    kmsg_offset: float | None = None  # wall time of usec 0 in ``boot_id``, as last anchored
+    kmsg_file: str = ""  # a regular file standing in for /dev/kmsg: "device:inode"
+    kmsg_file_pos: int = -1  # end offset of the last record handled in that file
+    next_id: int = 1
+    op_number: int = 0  # the last op applied (ops numbered in the journal)
+
+    # -- queries -------------------------------------------------------------------------
+
+    def kmsg_seen(
+        self, boot_id: str, seq: int | None, file_key: str | None, file_end: int | None
+    ) -> bool:
+        """Whether a replayed record was handled before: by file offset for a regular file (a
+        file outlives reboots and may have several writers), else by (boot id, seq)."""
+        if file_key is not None and file_end is not None and file_key == self.kmsg_file:
+            return file_end <= self.kmsg_file_pos
+        if seq is None:
+            return True  # no identity: history cannot be told from news, so it is not counted
+        return boot_id == self.boot_id and seq <= self.kmsg_seq
+
+    def find_twin(self, key: str, xid: int, when: float, channel: str, window: float) -> int | None:
+        """The id of a counted event this report duplicates, if any (see docs/xid.md)."""
+        for recent in self.recent:
+            if (
+                recent.key == key
+                and recent.xid == xid
+                and channel not in recent.channels
+                and abs(recent.when - when) <= window
+            ):
+                return recent.id
+        return None
+
+    # -- changes ---------------------------------------------------------------------------
+
+    def apply(self, op: Mapping[str, Any]) -> None:
+        """Apply one op. Raises :class:`BadOp` when it is malformed (nothing is changed then)."""
+        try:
+            kind = op["op"]
+            handler = _HANDLERS[kind]
+        except (KeyError, TypeError) as exc:
+            raise BadOp(f"unknown op {op!r:.80}") from exc
+        try:
+            handler(self, op)
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            raise BadOp(f"malformed {kind} op: {exc}") from exc
+        number = op.get("n")
+        if isinstance(number, int):
+            self.op_number = max(self.op_number, number)
+
+    def _count(self, op: Mapping[str, Any]) -> None:
+        labels = _count_key(op["l"])
+        when = float(op["w"])
+        recent = op["r"]
+        channels = {str(c) for c in recent[2]}
+        self._kmsg(op.get("k"))
+        self.counts[labels] = self.counts.get(labels, 0.0) + 1.0
+        last_key = labels[:4]
+        self.last_seen[last_key] = max(when, self.last_seen.get(last_key, when))
+        self.recent.append(Recent(int(recent[0]), str(recent[1]), int(labels[2]), when, channels))
+        self.next_id = max(self.next_id, int(recent[0]) + 1)
+        self._prune(when)
+
+    def _dup(self, op: Mapping[str, Any]) -> None:
+        target, channel = int(op["r"]), str(op["c"])
+        self._kmsg(op.get("k"))
+        for recent in self.recent:
+            if recent.id == target:
+                recent.channels.add(channel)
+                return
+
+    def _latch(self, op: Mapping[str, Any]) -> None:
+        uuid, reason = str(op["u"]), str(op["why"])
+        if reason not in REASONS:
+            raise ValueError(f"unknown reason {reason!r}")
+        if op["on"]:
+            self.latches.setdefault(uuid, {})[reason] = Latch(str(op["g"]), float(op["t"]))
+            return
+        reasons = self.latches.get(uuid, {})
+        reasons.pop(reason, None)
+        if not reasons:
+            self.latches.pop(uuid, None)
+
+    def _boot(self, op: Mapping[str, Any]) -> None:
+        """A new boot: the kernel log starts over and every drain latch clears (a regular file
+        standing in for the kernel log does not start over: its position is kept)."""
+        self.boot_id = str(op["b"])
+        self.kmsg_seq = -1
+        self.kmsg_offset = None
+        self.latches.clear()
+
+    def _kmsg(self, position: Any) -> None:
+        """``[boot id, seq | None, usec-0 wall time | None, file key | None, file end | None]``"""
+        if position is None:
+            return
+        boot_id, seq, offset, file_key, file_end = position
+        if str(boot_id) != self.boot_id:
+            self.boot_id, self.kmsg_seq = str(boot_id), -1
+        if seq is not None:
+            self.kmsg_seq = max(self.kmsg_seq, int(seq))
+        if offset is not None:
+            self.kmsg_offset = float(offset)
+        if file_key is not None and file_end is not None:
+            if str(file_key) != self.kmsg_file:
+                self.kmsg_file, self.kmsg_file_pos = str(file_key), -1
+            self.kmsg_file_pos = max(self.kmsg_file_pos, int(file_end))
+
+    def _prune(self, newest: float) -> None:
+        horizon = newest - RECENT_HORIZON_S
+        if len(self.recent) > RECENT_MAX or self.recent[0].when < horizon:
+            kept = [r for r in self.recent if r.when >= horizon]
+            self.recent = kept[-RECENT_MAX:]
+
+    # -- snapshots ---------------------------------------------------------------------------
+
+    def to_snapshot(self) -> dict[str, Any]:
+        return {
+            "version": SNAPSHOT_VERSION,
+            "n": self.op_number,
+            "boot_id": self.boot_id,
+            "kmsg_seq": self.kmsg_seq,
+            "kmsg_offset": self.kmsg_offset,
+            "kmsg_file": self.kmsg_file,
+            "kmsg_file_pos": self.kmsg_file_pos,
+            "next_id": self.next_id,
+            "counts": [[*key, value] for key, value in self.counts.items()],
+            "last_seen": [[*key, value] for key, value in self.last_seen.items()],
+            "latches": [
+                [uuid, reason, latch.gpu, latch.since]
+                for uuid, reasons in self.latches.items()
+                for reason, latch in reasons.items()
+            ],
+            "recent": [[r.id, r.key, r.xid, r.when, sorted(r.channels)] for r in self.recent],
+        }
+
+    @classmethod
+    def from_snapshot(cls, data: Any) -> XidState:
+        try:
+            return cls._from_snapshot(data)
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            raise BadOp(f"malformed snapshot: {exc}") from exc
+
+    @classmethod
+    def _from_snapshot(cls, data: Any) -> XidState:
+        if not isinstance(data, dict) or data.get("version") != SNAPSHOT_VERSION:
+            raise ValueError("not a version 1 snapshot")
+        state = cls(
+            boot_id=str(data["boot_id"]),
+            kmsg_seq=int(data["kmsg_seq"]),
+            kmsg_offset=None if data["kmsg_offset"] is None else float(data["kmsg_offset"]),
+            kmsg_file=str(data["kmsg_file"]),
+            kmsg_file_pos=int(data["kmsg_file_pos"]),
+            next_id=int(data["next_id"]),
+            op_number=int(data["n"]),
+        )
+        for row in data["counts"]:
+            state.counts[_count_key(row[:7])] = float(row[7])
+        for row in data["last_seen"]:
+            state.last_seen[(str(row[0]), str(row[1]), str(row[2]), str(row[3]))] = float(row[4])
+        for uuid, reason, gpu, since in data["latches"]:
+            state.latches.setdefault(str(uuid), {})[str(reason)] = Latch(str(gpu), float(since))
+        for rid, key, xid, when, channels in data["recent"]:
+            state.recent.append(Recent(int(rid), str(key), int(xid), float(when), set(channels)))
+        return state
+
+    def latched(self) -> Iterator[tuple[str, str, Latch]]:
+        for uuid, reasons in self.latches.items():
+            for reason, latch in reasons.items():
+                yield uuid, reason, latch
+
+
+def _count_key(values: Iterable[Any]) -> CountKey:
+    items = [str(v) for v in values]
+    if len(items) != 7:
+        raise ValueError(f"expected 7 labels, got {len(items)}")
+    return (items[0], items[1], items[2], items[3], items[4], items[5], items[6])
+
+
+_HANDLERS = {
+    "count": XidState._count,
+    "dup": XidState._dup,
+    "latch": XidState._latch,
+    "boot": XidState._boot,
+}

@@ -1,0 +1,114 @@
+"""Helpers for the Xid tests: fake devices, a kmsg-format file writer, condition waits."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpu_exporter.devices import Device, DeviceId
+from gpu_exporter.exposition import render
+from gpu_exporter.xid import XidSubsystem
+
+GPU0 = DeviceId(index=0, uuid="GPU-0000", pci_bus_id="00000000:18:00.0")
+GPU1 = DeviceId(index=1, uuid="GPU-1111", pci_bus_id="00000000:3B:00.0", mig_mode="enabled")
+MIG1 = DeviceId(
+    index=1,
+    uuid="MIG-1111-5",
+    pci_bus_id="00000000:3B:00.0",
+    mig_mode="enabled",
+    parent_uuid="GPU-1111",
+    gpu_instance_id=5,
+    compute_instance_id=0,
+    mig_profile="1g.10gb",
+)
+
+
+def fake_devices() -> list[Device]:
+    gpu0 = Device(GPU0, None)
+    gpu1 = Device(GPU1, None)
+    return [gpu0, gpu1, Device(MIG1, None, gpu1)]
+
+
+class KmsgFile:
+    """Appends ``/dev/kmsg``-format records to a regular file, numbering them."""
+
+    def __init__(self, path: Path, first_seq: int = 100) -> None:
+        self.path = path
+        self.seq = first_seq
+        path.touch()
+
+    def write(self, message: str, *, usec: int | None = None, prefix: int = 3) -> int:
+        seq = self.seq
+        self.seq += 1
+        usec = seq * 1000 if usec is None else usec
+        with self.path.open("a", encoding="utf-8") as out:
+            out.write(f"{prefix},{seq},{usec},-;{message}\n")
+        return seq
+
+
+@pytest.fixture
+def kmsg(tmp_path: Path) -> KmsgFile:
+    return KmsgFile(tmp_path / "kmsg")
+
+
+@pytest.fixture
+def state_dir(tmp_path: Path) -> Path:
+    return tmp_path / "state"
+
+
+async def wait_until(predicate: Callable[[], bool], within: float = 3.0) -> None:
+    """Wait for a condition a reader thread makes true (polls; there is no event to await)."""
+    deadline = time.monotonic() + within
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.01)
+
+
+async def caught_up(subsystem: XidSubsystem) -> None:
+    """Wait until the kernel-log reader has read to the end once: later records are live."""
+    reader = subsystem._kmsg
+    assert reader is not None
+    assert await asyncio.to_thread(reader.wait_drained, 3.0)
+
+
+def exposition(subsystem: XidSubsystem) -> str:
+    return render(subsystem.samples(), subsystem.families).text.decode()
+
+
+def value(subsystem: XidSubsystem, name: str, **labels: str) -> float | None:
+    """The value of the one series of ``name`` whose labels include ``labels``."""
+    found = []
+    for sample in subsystem.samples():
+        if sample.family.name != name:
+            continue
+        if all(f'{k}="{v}"' in sample.labels.split(",") for k, v in labels.items()):
+            found.append(sample.value)
+    assert len(found) <= 1, f"{name}{labels} matches {len(found)} series"
+    return found[0] if found else None
+
+
+def xid_count(subsystem: XidSubsystem) -> float:
+    return sum(subsystem.core.published.counts.values())
+
+
+@pytest.fixture
+def make_subsystem(kmsg: KmsgFile, state_dir: Path) -> Callable[..., XidSubsystem]:
+    def make(**overrides: Any) -> XidSubsystem:
+        params: dict[str, Any] = {
+            "devices": fake_devices,
+            "kmsg_path": kmsg.path,
+            "state_dir": state_dir,
+            "nvml_events": False,
+            "boot_id": "boot-1",
+            "poll_interval": 0.02,
+        }
+        params.update(overrides)
+        return XidSubsystem(**params)
+
+    return make

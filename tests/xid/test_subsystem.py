@@ -1,0 +1,406 @@
+"""XidSubsystem end to end on kmsg-format files: latency, mapping, restarts, dedup, drains."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from gpu_exporter.xid import XidSubsystem
+
+from .conftest import (
+    GPU0,
+    GPU1,
+    MIG1,
+    KmsgFile,
+    caught_up,
+    exposition,
+    value,
+    wait_until,
+    xid_count,
+)
+
+Make = Callable[..., XidSubsystem]
+XID13 = "NVRM: Xid (PCI:0000:18:00): 13, pid=4242, name=python, Graphics SM Warp Exception"
+XID48 = "NVRM: Xid (PCI:0000:18:00): 48, pid='<unknown>', name=<unknown>, An uncorrectable DBE"
+
+
+async def test_live_record_appears_within_a_second(make_subsystem: Make, kmsg: KmsgFile) -> None:
+    xid = make_subsystem()
+    await xid.start()
+    try:
+        await caught_up(xid)
+        written = time.monotonic()
+        kmsg.write(XID13)
+        await wait_until(lambda: xid_count(xid) == 1, within=1.0)
+        assert time.monotonic() - written < 1.0
+        labels = dict(gpu="0", uuid=GPU0.uuid, xid="13", namespace="", pod="")
+        assert value(xid, "gpu_xid_errors_total", **labels, **{"class": "application"}) == 1
+        assert 'action="restart_app"' in exposition(xid)
+        assert value(xid, "gpu_xid_last_timestamp_seconds", gpu="0", xid="13") is not None
+        # Counters for the other classes are published at 0 so increase() sees a first Xid.
+        assert value(xid, "gpu_xid_class_errors_total", gpu="0", **{"class": "hardware"}) == 0
+        assert value(xid, "gpu_xid_class_errors_total", gpu="0", **{"class": "application"}) == 1
+    finally:
+        await xid.stop()
+
+
+async def test_unknown_bus_id_and_unknown_code_are_counted(
+    make_subsystem: Make, kmsg: KmsgFile
+) -> None:
+    kmsg.write("NVRM: Xid (PCI:0000:99:00): 31, pid=1, name=x, MMU Fault")
+    kmsg.write("NVRM: Xid (PCI:0000:18:00): 4242, something new")
+    xid = make_subsystem()
+    await xid.start()
+    try:
+        await wait_until(lambda: xid_count(xid) == 2)
+        assert value(xid, "gpu_xid_errors_total", gpu="", uuid="", xid="31") == 1
+        assert value(xid, "gpu_xid_errors_total", xid="4242", **{"class": "unknown"}) == 1
+    finally:
+        await xid.stop()
+
+
+async def test_mig_instance_and_domain_widths_map_to_devices(
+    make_subsystem: Make, kmsg: KmsgFile
+) -> None:
+    kmsg.write("NVRM: Xid (PCI:0000:3b:00 GPU-I:05): 31, pid=9, name=t, MMU Fault")
+    kmsg.write("NVRM: Xid (00000000:3B:00): 43, Ch 00000008")
+    xid = make_subsystem()
+    await xid.start()
+    try:
+        await wait_until(lambda: xid_count(xid) == 2)
+        assert value(xid, "gpu_xid_errors_total", gpu="1", uuid=MIG1.uuid, xid="31") == 1
+        assert value(xid, "gpu_xid_errors_total", gpu="1", uuid=GPU1.uuid, xid="43") == 1
+    finally:
+        await xid.stop()
+
+
+async def test_restart_counts_what_happened_while_down_and_nothing_twice(
+    make_subsystem: Make, kmsg: KmsgFile
+) -> None:
+    for _ in range(3):
+        kmsg.write(XID13)
+    first = make_subsystem()
+    await first.start()
+    await wait_until(lambda: xid_count(first) == 3)
+    kmsg.write(XID13)
+    await wait_until(lambda: xid_count(first) == 4)
+    await first.stop()
+
+    kmsg.write(XID13)  # while the exporter is down
+    kmsg.write("NVRM: Xid (PCI:0000:18:00): 31, pid=1, name=x, MMU Fault")
+    second = make_subsystem()
+    await second.start()
+    try:
+        await wait_until(lambda: xid_count(second) == 6)
+        kmsg.write(XID13)
+        await wait_until(lambda: xid_count(second) == 7)
+        assert value(second, "gpu_xid_errors_total", xid="13") == 6
+        assert value(second, "gpu_xid_errors_total", xid="31") == 1
+    finally:
+        await second.stop()
+
+
+async def test_kill_mid_stream_loses_nothing_and_counts_nothing_twice(
+    make_subsystem: Make, kmsg: KmsgFile
+) -> None:
+    first = make_subsystem()
+    await first.start()
+    for _ in range(20):
+        kmsg.write(XID13)
+    await wait_until(lambda: xid_count(first) >= 5)
+    # kill -9: the reader thread dies wherever it is; nothing is flushed or closed.
+    assert first._kmsg is not None
+    first._kmsg.stop()
+    for _ in range(5):
+        kmsg.write(XID13)
+    second = make_subsystem()
+    await second.start()
+    try:
+        await wait_until(lambda: xid_count(second) == 25)
+    finally:
+        await second.stop()
+
+
+async def test_same_xid_from_both_sources_counts_once(make_subsystem: Make, kmsg: KmsgFile) -> None:
+    xid = make_subsystem()
+    await xid.start()
+    try:
+        await caught_up(xid)
+        # kernel log first, then NVML
+        kmsg.write(XID48)
+        await wait_until(lambda: xid_count(xid) == 1)
+        await asyncio.to_thread(xid._on_nvml_xid, 48, GPU0, None, time.time())
+        # NVML first (the reader is told to drain first; here the line comes a bit later)
+        await asyncio.to_thread(xid._on_nvml_xid, 13, GPU0, None, time.time())
+        kmsg.write(XID13)
+        await wait_until(
+            lambda: value(xid, "gpu_exporter_xid_duplicates_total", source="kmsg") == 1
+        )
+        assert value(xid, "gpu_exporter_xid_duplicates_total", source="nvml_events") == 1
+        assert value(xid, "gpu_xid_errors_total", xid="48") == 1
+        assert value(xid, "gpu_xid_errors_total", xid="13") == 1
+        # A different code on the same GPU is a different event.
+        await asyncio.to_thread(xid._on_nvml_xid, 31, GPU0, None, time.time())
+        assert value(xid, "gpu_xid_errors_total", xid="31") == 1
+    finally:
+        await xid.stop()
+
+
+async def test_nvml_event_waits_for_the_kernel_line_to_get_the_pid(
+    make_subsystem: Make, kmsg: KmsgFile
+) -> None:
+    xid = make_subsystem(holder=PidHolder())
+    await xid.start()
+    try:
+        await caught_up(xid)
+        kmsg.write(XID13)  # the driver writes the line and raises the event together
+        await asyncio.to_thread(xid._on_nvml_xid, 13, GPU0, None, time.time())
+        assert value(xid, "gpu_xid_errors_total", xid="13", pod="faulting-pod") == 1
+        assert value(xid, "gpu_exporter_xid_duplicates_total", source="nvml_events") == 1
+    finally:
+        await xid.stop()
+
+
+async def test_nvml_twin_of_a_kernel_line_replayed_after_a_crash(
+    make_subsystem: Make, kmsg: KmsgFile
+) -> None:
+    now = time.time()
+    first = make_subsystem(kmsg_path=None, clock=lambda: now)
+    await first.start()
+    await asyncio.to_thread(
+        first._on_nvml_xid, 79, GPU0, None, now
+    )  # counted from NVML; the exporter dies before
+    await first.stop()  # reading the kernel line (same as a crash: ops are fsynced)
+    # The kernel line has the same event time: usec since boot + (wall - uptime).
+    kmsg.write("NVRM: Xid (PCI:0000:18:00): 79, pid=0, GPU has fallen off the bus.", usec=10**9)
+    second = make_subsystem(clock=lambda: now + 30, uptime=lambda: 1000.0 + 30)
+    await second.start()
+    try:
+        await wait_until(
+            lambda: value(second, "gpu_exporter_xid_duplicates_total", source="kmsg") == 1
+        )
+        assert value(second, "gpu_xid_errors_total", xid="79") == 1
+    finally:
+        await second.stop()
+
+
+async def test_fallen_off_the_bus_report_and_xid_79_count_once(
+    make_subsystem: Make, kmsg: KmsgFile
+) -> None:
+    kmsg.write("NVRM: Xid (PCI:0000:3b:00): 79, pid=0, GPU has fallen off the bus.")
+    kmsg.write("NVRM: The NVIDIA GPU 0000:3b:00.0")
+    kmsg.write("NVRM: (PCI ID: 10de:2330) installed in this system has")
+    kmsg.write("NVRM: fallen off the bus and is not responding to commands.")
+    kmsg.write("NVRM: The NVIDIA GPU 0000:18:00.0")  # a report with no Xid line: counted as 79
+    kmsg.write("NVRM: (PCI ID: 10de:2330) installed in this system has")
+    kmsg.write("NVRM: fallen off the bus and is not responding to commands.")
+    xid = make_subsystem()
+    await xid.start()
+    try:
+        await wait_until(
+            lambda: value(xid, "gpu_exporter_xid_duplicates_total", source="kmsg") == 1
+        )
+        await wait_until(lambda: xid_count(xid) == 2)
+        assert value(xid, "gpu_xid_errors_total", gpu="1", xid="79") == 1
+        assert value(xid, "gpu_xid_errors_total", gpu="0", xid="79") == 1
+    finally:
+        await xid.stop()
+
+
+async def test_drain_latch_survives_restart_and_clears_on_new_boot(
+    make_subsystem: Make, kmsg: KmsgFile
+) -> None:
+    kmsg.write(XID48)
+    first = make_subsystem()
+    await first.start()
+    await wait_until(lambda: xid_count(first) == 1)
+    assert value(first, "gpu_drain_recommended", gpu="0", reason="hardware_xid") == 1
+    assert value(first, "gpu_drain_recommended", gpu="1", reason="hardware_xid") == 0
+    await first.stop()
+
+    second = make_subsystem()
+    await second.start()
+    assert value(second, "gpu_drain_recommended", gpu="0", reason="hardware_xid") == 1
+    await second.stop()
+
+    kmsg.path.write_text("")  # a reboot empties the ring buffer
+    rebooted = make_subsystem(boot_id="boot-2")
+    await rebooted.start()
+    try:
+        assert value(rebooted, "gpu_drain_recommended", gpu="0", reason="hardware_xid") == 0
+        assert value(rebooted, "gpu_xid_errors_total", xid="48") == 1  # counters never go back
+    finally:
+        await rebooted.stop()
+
+
+async def test_device_listener_and_remap_failure(make_subsystem: Make) -> None:
+    xid = make_subsystem(kmsg_path=None)
+    await xid.start()
+    try:
+        xid.note_remap_failure(MIG1)  # a MIG instance's failure drains its whole GPU
+        xid.device_lost(GPU0)
+        await wait_until(
+            lambda: (
+                value(xid, "gpu_drain_recommended", gpu="0", reason="device_lost") == 1
+                and value(xid, "gpu_drain_recommended", uuid=GPU1.uuid, reason="row_remap_failure")
+                == 1
+            )
+        )
+        xid.device_recovered(GPU0)
+        await wait_until(
+            lambda: value(xid, "gpu_drain_recommended", gpu="0", reason="device_lost") == 0
+        )
+        assert value(xid, "gpu_drain_recommended", uuid=GPU1.uuid, reason="row_remap_failure") == 1
+    finally:
+        await xid.stop()
+
+
+class PidHolder:
+    """Allocation says team-a/trainer holds GPU 0; pid 4242 belongs to another pod (sharing)."""
+
+    def holder(self, uuid: str, at_wall_time: float, pid: int | None) -> tuple[str, str] | None:
+        if pid == 4242:
+            return "team-b", "faulting-pod"
+        if uuid == GPU0.uuid:
+            return "team-a", "trainer"
+        return None
+
+
+async def test_attribution_pid_wins_over_allocation(make_subsystem: Make, kmsg: KmsgFile) -> None:
+    kmsg.write(XID13)  # pid=4242
+    kmsg.write("NVRM: Xid (PCI:0000:18:00): 31, pid=1, name=x, MMU Fault")
+    xid = make_subsystem(holder=PidHolder())
+    await xid.start()
+    try:
+        await wait_until(lambda: xid_count(xid) == 2)
+        assert value(xid, "gpu_xid_errors_total", xid="13", namespace="team-b") == 1
+        assert value(xid, "gpu_xid_errors_total", xid="31", pod="trainer") == 1
+    finally:
+        await xid.stop()
+
+
+async def test_failing_holder_lookup_does_not_lose_the_xid(
+    make_subsystem: Make, kmsg: KmsgFile
+) -> None:
+    class Broken:
+        def holder(self, uuid: str, at_wall_time: float, pid: int | None) -> None:
+            raise RuntimeError("allocation state not ready")
+
+    kmsg.write(XID13)
+    xid = make_subsystem(holder=Broken())
+    await xid.start()
+    try:
+        await wait_until(lambda: xid_count(xid) == 1)
+        assert value(xid, "gpu_xid_errors_total", xid="13", pod="") == 1
+    finally:
+        await xid.stop()
+
+
+async def test_missing_kmsg_then_created(make_subsystem: Make, tmp_path: Path) -> None:
+    path = tmp_path / "later"
+    xid = make_subsystem(kmsg_path=path)
+    await xid.start()
+    try:
+        assert value(xid, "gpu_exporter_source_up", source="kmsg") == 0
+        late = KmsgFile(path)
+        late.write(XID13)
+        await wait_until(lambda: xid_count(xid) == 1)
+        assert value(xid, "gpu_exporter_source_up", source="kmsg") == 1
+    finally:
+        await xid.stop()
+
+
+async def test_plain_lines_without_kmsg_header(make_subsystem: Make, kmsg: KmsgFile) -> None:
+    with kmsg.path.open("a") as out:
+        out.write(XID13 + "\n")  # history without sequence numbers: cannot be de-duplicated
+    xid = make_subsystem()
+    await xid.start()
+    try:
+        await caught_up(xid)
+        with kmsg.path.open("a") as out:
+            out.write("[  12.3] " + XID48 + "\n")
+        await wait_until(lambda: xid_count(xid) == 1)
+        assert value(xid, "gpu_xid_errors_total", xid="48") == 1
+    finally:
+        await xid.stop()
+
+
+async def test_gaps_unparsed_lines_and_overrides(
+    make_subsystem: Make, kmsg: KmsgFile, tmp_path: Path
+) -> None:
+    classes = tmp_path / "classes.yaml"
+    classes.write_text("13: hardware\n")
+    kmsg.write(XID13)
+    kmsg.write("NVRM: Xid (garbled")
+    xid = make_subsystem(classes_path=classes)
+    await xid.start()
+    try:
+        await wait_until(lambda: xid_count(xid) == 1)
+        assert value(xid, "gpu_exporter_xid_unparsed_lines_total") == 1
+        assert value(xid, "gpu_xid_errors_total", xid="13", **{"class": "hardware"}) == 1
+    finally:
+        await xid.stop()
+
+
+async def test_fifo_and_sequence_gaps(make_subsystem: Make, tmp_path: Path) -> None:
+    path = tmp_path / "kmsg.fifo"
+    os.mkfifo(path)
+    xid = make_subsystem(kmsg_path=path)
+    await xid.start()
+    writer = -1
+    try:
+        await wait_until(lambda: value(xid, "gpu_exporter_source_up", source="kmsg") == 1.0)
+        writer = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+        records = [f"3,10,1000,-;{XID13}\n", f"3,16,2000,-;{XID48}\n"]  # 11..15 were lost
+        os.write(writer, "".join(records).encode())
+        await wait_until(lambda: xid_count(xid) == 2)
+        assert value(xid, "gpu_exporter_kmsg_lost_records_total") == 5
+    finally:
+        if writer >= 0:
+            os.close(writer)
+        await xid.stop()
+
+
+async def test_interleaved_writers_restart_by_file_offset(
+    make_subsystem: Make, kmsg: KmsgFile
+) -> None:
+    # A test harness and the simulator append to one file with their own sequence numbers.
+    harness = KmsgFile(kmsg.path, first_seq=1)
+    sim = KmsgFile(kmsg.path, first_seq=1200)
+    sim.write(XID48)
+    harness.write(XID13)
+    first = make_subsystem()
+    await first.start()
+    await wait_until(lambda: xid_count(first) == 2)
+    harness.write(XID13)  # live, seq 2 < 1200: still new
+    await wait_until(lambda: xid_count(first) == 3)
+    await first.stop()
+    harness.write(XID13)  # while down
+    second = make_subsystem()
+    await second.start()
+    try:
+        await wait_until(lambda: xid_count(second) == 4)
+        assert value(second, "gpu_xid_errors_total", xid="13") == 3
+    finally:
+        await second.stop()
+
+
+async def test_on_change_hook_runs_on_the_loop(make_subsystem: Make, kmsg: KmsgFile) -> None:
+    loop = asyncio.get_running_loop()
+    changed = asyncio.Event()
+
+    def on_change() -> None:
+        assert asyncio.get_running_loop() is loop
+        if xid_count(xid) == 1:
+            changed.set()
+
+    xid = make_subsystem(on_change=on_change)
+    await xid.start()
+    try:
+        kmsg.write(XID13)
+        await asyncio.wait_for(changed.wait(), 2.0)
+    finally:
+        await xid.stop()
