@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: run test lint system-deps bench clean
+.PHONY: run test lint system-deps bench demo lock sync-monitoring clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +42,18 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+
+## demo: simulated GPU nodes, Prometheus and Alertmanager with the kit's rules and routing; Ctrl-C stops
+demo: $(STAMP) system-deps
+	$(BIN)/python -m demo $(ARGS)
+
+## lock: regenerate the image's pinned requirements from pyproject.toml
+lock: $(STAMP)
+	$(BIN)/python deploy/image/lock.py
+
+## sync-monitoring: copy alerts/ and dashboards/ into deploy/monitoring/ for kustomize
+sync-monitoring: $(STAMP)
+	$(BIN)/python deploy/monitoring/sync.py
 
 bench: $(STAMP)
 	$(BIN)/python bench/run.py $(ARGS)

@@ -1,0 +1,783 @@
+"""Build the Grafana dashboards (dashboards/*.json) from this one description.
+
+    python dashboards/build.py           # rewrite the JSON files
+    python dashboards/build.py --check   # exit 1 if a JSON file is not what this script builds
+
+The JSON files are committed (import them as they are); tests/ops/test_dashboards.py fails when
+they drift from this script. Every panel has a unit, a unique id and a current panel type
+(timeseries, stat, table, bargauge); every query uses the ``datasource`` variable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+SCHEMA_VERSION = 39
+DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+GPU_HOURS = "suffix: GPU·h"
+GPUS = "suffix: GPUs"
+INSTANCE = 'instance=~"$instance"'
+
+
+@dataclass
+class Query:
+    expr: str
+    legend: str = ""
+    instant: bool = False
+
+
+@dataclass
+class Panel:
+    kind: str  # timeseries | stat | table | bargauge
+    title: str
+    queries: Sequence[Query]
+    unit: str
+    width: int = 12
+    height: int = 8
+    description: str = ""
+    max: float | None = None
+    stack: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Row:
+    title: str
+
+
+Item = Panel | Row
+
+
+def _layout(items: Sequence[Item]) -> Iterator[dict[str, Any]]:
+    x = y = row_height = 0
+    panel_id = 0
+    for item in items:
+        panel_id += 1
+        if isinstance(item, Row):
+            if x:
+                y += row_height
+            x, row_height = 0, 0
+            yield {
+                "id": panel_id,
+                "type": "row",
+                "title": item.title,
+                "collapsed": False,
+                "gridPos": {"h": 1, "w": 24, "x": 0, "y": y},
+                "panels": [],
+            }
+            y += 1
+            continue
+        if x + item.width > 24:
+            x, y = 0, y + row_height
+            row_height = 0
+        yield _panel(item, panel_id, {"h": item.height, "w": item.width, "x": x, "y": y})
+        x += item.width
+        row_height = max(row_height, item.height)
+
+
+def _panel(panel: Panel, panel_id: int, grid: dict[str, int]) -> dict[str, Any]:
+    defaults: dict[str, Any] = {"unit": panel.unit}
+    if panel.max is not None:
+        defaults["min"] = 0
+        defaults["max"] = panel.max
+    options: dict[str, Any] = {}
+    if panel.kind == "timeseries":
+        defaults["custom"] = {
+            "drawStyle": "line",
+            "lineWidth": 1,
+            "fillOpacity": 10,
+            "showPoints": "never",
+            "stacking": {"mode": "normal" if panel.stack else "none", "group": "A"},
+        }
+        options = {
+            "legend": {"displayMode": "table", "placement": "right", "showLegend": True},
+            "tooltip": {"mode": "multi", "sort": "desc"},
+        }
+    elif panel.kind == "stat":
+        options = {
+            "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+            "colorMode": "value",
+            "graphMode": "area",
+            "textMode": "auto",
+        }
+    elif panel.kind == "bargauge":
+        options = {
+            "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+            "orientation": "horizontal",
+            "displayMode": "gradient",
+            "showUnfilled": True,
+        }
+    elif panel.kind == "table":
+        options = {"showHeader": True, "cellHeight": "sm"}
+    out: dict[str, Any] = {
+        "id": panel_id,
+        "type": panel.kind,
+        "title": panel.title,
+        "description": panel.description,
+        "datasource": DATASOURCE,
+        "gridPos": grid,
+        "fieldConfig": {"defaults": defaults, "overrides": []},
+        "options": options,
+        "targets": [
+            {
+                "refId": chr(ord("A") + i),
+                "datasource": DATASOURCE,
+                "expr": q.expr,
+                "legendFormat": q.legend,
+                "instant": q.instant or panel.kind == "table",
+                "range": not (q.instant or panel.kind == "table"),
+                "format": "table" if panel.kind == "table" else "time_series",
+            }
+            for i, q in enumerate(panel.queries)
+        ],
+    }
+    if panel.kind == "table":
+        out["transformations"] = [
+            {"id": "merge", "options": {}},
+            {
+                "id": "organize",
+                "options": {"excludeByName": {"Time": True, "__name__": True, "job": True}},
+            },
+        ]
+    out.update(panel.extra)
+    return out
+
+
+def _variables(*extra: dict[str, Any]) -> dict[str, Any]:
+    datasource = {
+        "name": "datasource",
+        "label": "Data source",
+        "type": "datasource",
+        "query": "prometheus",
+        "current": {},
+        "hide": 0,
+        "refresh": 1,
+        "regex": "",
+    }
+    return {"list": [datasource, *extra]}
+
+
+def _query_variable(
+    name: str, label: str, query: str, *, multi: bool = True, include_all: bool = True
+) -> dict[str, Any]:
+    return {
+        "name": name,
+        "label": label,
+        "type": "query",
+        "datasource": DATASOURCE,
+        "definition": query,
+        "query": {"query": query, "refId": f"{name}-variable"},
+        "refresh": 2,
+        "sort": 3,
+        "multi": multi,
+        "includeAll": include_all,
+        "allValue": ".*",
+        "current": {},
+        "hide": 0,
+        "regex": "",
+    }
+
+
+def _dashboard(
+    uid: str, title: str, description: str, items: Sequence[Item], variables: dict[str, Any]
+) -> dict[str, Any]:
+    return {
+        "uid": uid,
+        "title": title,
+        "description": description,
+        "tags": ["gpu", "gpu-exporter"],
+        "editable": True,
+        "graphTooltip": 1,
+        "schemaVersion": SCHEMA_VERSION,
+        "version": 1,
+        "time": {"from": "now-6h", "to": "now"},
+        "refresh": "1m",
+        "timezone": "",
+        "annotations": {"list": []},
+        "links": [
+            {
+                "type": "dashboards",
+                "tags": ["gpu-exporter"],
+                "title": "GPU dashboards",
+                "asDropdown": True,
+            }
+        ],
+        "templating": variables,
+        "panels": list(_layout(items)),
+    }
+
+
+# ---- (a) fleet efficiency -----------------------------------------------------------------------
+
+NS = 'namespace=~"$namespace"'
+
+
+def fleet() -> dict[str, Any]:
+    items: list[Item] = [
+        Row("Fleet"),
+        Panel(
+            "stat",
+            "GPU capacity",
+            [Query("fleet:gpu_capacity:sum")],
+            GPUS,
+            width=4,
+            height=4,
+            description="Schedulable GPUs in whole-GPU equivalents (a 3g MIG instance is 3/7).",
+        ),
+        Panel(
+            "stat",
+            "Allocated",
+            [Query("fleet:gpu_allocated:ratio_rate5m")],
+            "percentunit",
+            width=5,
+            height=4,
+            max=1,
+            description="Share of the capacity held by pods (5m).",
+        ),
+        Panel(
+            "stat",
+            "SM active",
+            [Query("fleet:gpu_sm_active:ratio_rate5m")],
+            "percentunit",
+            width=5,
+            height=4,
+            max=1,
+            description="Mean SM activity of the capacity (5m).",
+        ),
+        Panel(
+            "stat",
+            "Allocated, not computing",
+            [Query("fleet:gpu_allocation_activity_gap:ratio_rate5m")],
+            "percentunit",
+            width=5,
+            height=4,
+            max=1,
+            description="Allocated minus SM active: paid for and not used.",
+        ),
+        Panel(
+            "stat",
+            "Allocated and idle",
+            [Query("fleet:gpu_allocated_idle:ratio_rate5m")],
+            "percentunit",
+            width=5,
+            height=4,
+            max=1,
+            description="Share of the capacity held by pods whose GPU was idle.",
+        ),
+        Panel(
+            "timeseries",
+            "Allocation and SM activity",
+            [
+                Query("fleet:gpu_allocated:ratio_rate5m", "allocated"),
+                Query("fleet:gpu_sm_active:ratio_rate5m", "SM active"),
+            ],
+            "percentunit",
+            max=1,
+            description="What the scheduler gave out against what the SMs did (exact 5m "
+            "means from the _seconds_total counters).",
+        ),
+        Panel(
+            "timeseries",
+            "Gap: allocated but not computing",
+            [
+                Query("fleet:gpu_allocation_activity_gap:ratio_rate5m", "gap"),
+                Query("fleet:gpu_allocated_idle:ratio_rate5m", "allocated and idle"),
+            ],
+            "percentunit",
+            max=1,
+        ),
+        Row("Namespaces"),
+        Panel(
+            "bargauge",
+            "Idle-allocated GPU-hours by namespace (time range)",
+            [
+                Query(
+                    "sort_desc(sum by (namespace) (increase(gpu_allocated_idle_seconds_total{"
+                    + NS
+                    + "}[$__range]) * on (instance, job, uuid) group_left () "
+                    "device:gpu_capacity:ratio) / 3600)",
+                    "{{namespace}}",
+                    instant=True,
+                )
+            ],
+            GPU_HOURS,
+            height=9,
+            description="GPU-hours held while idle over the dashboard's range (MIG instances "
+            "weighted by slices).",
+        ),
+        Panel(
+            "timeseries",
+            "GPUs held by namespace",
+            [Query("namespace:gpu_allocated_seconds:rate5m{" + NS + "}", "{{namespace}}")],
+            GPUS,
+            height=9,
+            stack=True,
+        ),
+        Panel(
+            "timeseries",
+            "SM activity of what each namespace holds",
+            [Query("namespace:gpu_sm_active:ratio_rate5m{" + NS + "}", "{{namespace}}")],
+            "percentunit",
+            max=1,
+        ),
+        Panel(
+            "timeseries",
+            "Idle GPUs held by namespace",
+            [Query("namespace:gpu_allocated_idle_seconds:rate5m{" + NS + "}", "{{namespace}}")],
+            GPUS,
+            stack=True,
+        ),
+        Panel(
+            "table",
+            "Longest idle allocations",
+            [Query("topk(20, gpu_allocation_idle_streak_seconds{" + NS + "})")],
+            "s",
+            width=24,
+            height=8,
+            description="Pods holding a GPU without computing, longest current idle streak "
+            "first: candidates to reap.",
+            extra={
+                "options": {
+                    "showHeader": True,
+                    "cellHeight": "sm",
+                    "sortBy": [{"displayName": "Value", "desc": True}],
+                }
+            },
+        ),
+        Row("Looks busy, does little"),
+        Panel(
+            "timeseries",
+            "NVML utilisation against SM activity",
+            [
+                Query("fleet:gpu_utilization:ratio_rate5m", "NVML utilisation"),
+                Query("fleet:gpu_sm_active:ratio_rate5m", "SM active"),
+            ],
+            "percentunit",
+            max=1,
+            description="NVML utilisation counts any resident kernel as 100%; SM activity is "
+            "what the SMs did. The distance between them is GPUs that look busy.",
+        ),
+        Panel(
+            "table",
+            "Busy-looking GPUs doing little",
+            [
+                Query(
+                    "topk(15, device:gpu_utilization_seconds:rate5m - on (instance, job, uuid) "
+                    "group_left () device:gpu_sm_active_seconds:rate5m)"
+                )
+            ],
+            "percentunit",
+            description="NVML utilisation minus SM activity per device (5m), largest first.",
+        ),
+    ]
+    variables = _variables(
+        _query_variable("namespace", "Namespace", "label_values(gpu_allocation_info, namespace)")
+    )
+    return _dashboard(
+        "gpu-exporter-fleet",
+        "GPU fleet efficiency",
+        "Allocation against real SM activity across the fleet and by namespace (gpu-exporter).",
+        items,
+        variables,
+    )
+
+
+# ---- (b) node and GPU detail --------------------------------------------------------------------
+
+SEL = INSTANCE + ', gpu=~"$gpu"'
+
+
+def node() -> dict[str, Any]:
+    rate = "[$__rate_interval]"
+    items: list[Item] = [
+        Row("Inventory"),
+        Panel("table", "GPUs", [Query("gpu_info{" + SEL + "}")], "none", width=24, height=6),
+        Row("Activity"),
+        Panel(
+            "timeseries",
+            "SM activity",
+            [
+                Query(
+                    "rate(gpu_sm_active_seconds_total{" + SEL + "}" + rate + ")",
+                    "{{gpu}} {{mig_profile}} {{uuid}}",
+                )
+            ],
+            "percentunit",
+            max=1,
+        ),
+        Panel(
+            "timeseries",
+            "NVML utilisation",
+            [Query("rate(gpu_utilization_seconds_total{" + SEL + "}" + rate + ")", "{{gpu}}")],
+            "percentunit",
+            max=1,
+        ),
+        Panel(
+            "timeseries",
+            "Tensor core activity",
+            [
+                Query(
+                    "rate(gpu_tensor_active_seconds_total{" + SEL + "}" + rate + ")",
+                    "{{gpu}} {{mig_profile}}",
+                )
+            ],
+            "percentunit",
+            max=1,
+        ),
+        Panel(
+            "timeseries",
+            "Memory bandwidth (DRAM activity)",
+            [
+                Query(
+                    "rate(gpu_dram_active_seconds_total{" + SEL + "}" + rate + ")",
+                    "{{gpu}} {{mig_profile}}",
+                )
+            ],
+            "percentunit",
+            max=1,
+        ),
+        Row("Memory, power, thermal"),
+        Panel(
+            "timeseries",
+            "Framebuffer used",
+            [
+                Query("gpu_memory_used_bytes{" + SEL + "}", "{{gpu}} {{mig_profile}} used"),
+                Query("gpu_memory_total_bytes{" + SEL + "}", "{{gpu}} {{mig_profile}} total"),
+            ],
+            "bytes",
+            width=8,
+        ),
+        Panel(
+            "timeseries",
+            "Power",
+            [
+                Query("gpu_power_watts{" + SEL + "}", "{{gpu}}"),
+                Query("gpu_power_limit_watts{" + SEL + "}", "{{gpu}} limit"),
+            ],
+            "watt",
+            width=8,
+        ),
+        Panel(
+            "timeseries",
+            "Temperature",
+            [Query("gpu_temperature_celsius{" + SEL + "}", "{{gpu}} {{sensor}}")],
+            "celsius",
+            width=8,
+        ),
+        Panel(
+            "timeseries",
+            "SM clock",
+            [Query('gpu_clock_hertz{clock="sm", ' + SEL + "}", "{{gpu}}")],
+            "hertz",
+            width=12,
+        ),
+        Panel(
+            "timeseries",
+            "Clock-event (throttle) time by reason",
+            [
+                Query(
+                    'rate(gpu_clocks_event_seconds_total{reason!="gpu_idle", '
+                    + SEL
+                    + "}"
+                    + rate
+                    + ")",
+                    "{{gpu}} {{reason}}",
+                )
+            ],
+            "percentunit",
+            stack=True,
+            width=12,
+        ),
+        Row("MIG"),
+        Panel("table", "MIG instances", [Query("gpu_mig_info{" + SEL + "}")], "none", width=12),
+        Panel(
+            "timeseries",
+            "MIG instance SM activity",
+            [
+                Query(
+                    'rate(gpu_sm_active_seconds_total{uuid=~"MIG-.*", ' + SEL + "}" + rate + ")",
+                    "{{gpu}}/{{mig_profile}} gi{{gpu_instance_id}}",
+                )
+            ],
+            "percentunit",
+            max=1,
+            width=12,
+        ),
+        Row("Pods"),
+        Panel(
+            "table", "Allocations", [Query("gpu_allocation_info{" + SEL + "}")], "none", width=12
+        ),
+        Panel(
+            "table",
+            "Container GPU memory",
+            [Query("gpu_container_memory_used_bytes{" + SEL + "}")],
+            "bytes",
+            width=12,
+        ),
+    ]
+    variables = _variables(
+        _query_variable(
+            "instance", "Node", "label_values(gpu_info, instance)", multi=False, include_all=False
+        ),
+        _query_variable("gpu", "GPU", 'label_values(gpu_info{instance=~"$instance"}, gpu)'),
+    )
+    return _dashboard(
+        "gpu-exporter-node",
+        "GPU node and device detail",
+        "Per-GPU and per-MIG-instance activity, memory, power, thermals, clocks and pods.",
+        items,
+        variables,
+    )
+
+
+# ---- (c) health ---------------------------------------------------------------------------------
+
+
+def health() -> dict[str, Any]:
+    rate = "[$__rate_interval]"
+    items: list[Item] = [
+        Row("Now"),
+        Panel(
+            "stat",
+            "GPUs to drain",
+            [
+                Query(
+                    "count(max by (instance, gpu, uuid) (gpu_drain_recommended{"
+                    + INSTANCE
+                    + "}) == 1) or vector(0)"
+                )
+            ],
+            "none",
+            width=6,
+            height=4,
+        ),
+        Panel(
+            "stat",
+            "GPUs lost",
+            [Query("count(gpu_up{" + INSTANCE + "} == 0) or vector(0)")],
+            "none",
+            width=6,
+            height=4,
+        ),
+        Panel(
+            "stat",
+            "Row remaps pending",
+            [Query("sum(gpu_row_remap_pending{" + INSTANCE + "}) or vector(0)")],
+            "none",
+            width=6,
+            height=4,
+        ),
+        Panel(
+            "stat",
+            "Row remap failures",
+            [Query("sum(gpu_row_remap_failed{" + INSTANCE + "}) or vector(0)")],
+            "none",
+            width=6,
+            height=4,
+        ),
+        Row("Xids"),
+        Panel(
+            "timeseries",
+            "Xids by class",
+            [
+                Query(
+                    "sum by (class) (increase(gpu_xid_class_errors_total{"
+                    + INSTANCE
+                    + "}"
+                    + rate
+                    + "))",
+                    "{{class}}",
+                )
+            ],
+            "short",
+            stack=True,
+            description="Counted Xids per interval (gpu_xid_class_errors_total starts at 0, "
+            "so the first Xid shows).",
+        ),
+        Panel(
+            "table",
+            "Drain recommended",
+            [Query("gpu_drain_recommended{" + INSTANCE + "} == 1")],
+            "none",
+            description="GPUs with a standing hardware condition, and why.",
+        ),
+        Panel(
+            "table",
+            "Latest Xid per GPU and code",
+            [Query("sort_desc(gpu_xid_last_timestamp_seconds{" + INSTANCE + "} * 1000)")],
+            "dateTimeAsIso",
+            width=12,
+        ),
+        Panel(
+            "table",
+            "Xids counted by pod",
+            [
+                Query(
+                    "sum by (instance, gpu, xid, class, action, namespace, pod) "
+                    "(gpu_xid_errors_total{" + INSTANCE + "})"
+                )
+            ],
+            "short",
+            width=12,
+            description="Xids since the exporter's journal began, with who held the GPU.",
+        ),
+        Row("Memory errors"),
+        Panel(
+            "timeseries",
+            "ECC errors (since driver load)",
+            [
+                Query(
+                    'gpu_ecc_errors_total{counter="volatile", ' + INSTANCE + "}",
+                    "{{instance}} gpu {{gpu}} {{type}}",
+                )
+            ],
+            "short",
+            width=8,
+        ),
+        Panel(
+            "timeseries",
+            "Remapped rows",
+            [
+                Query(
+                    "gpu_remapped_rows_total{" + INSTANCE + "}",
+                    "{{instance}} gpu {{gpu}} {{cause}}",
+                )
+            ],
+            "short",
+            width=8,
+        ),
+        Panel(
+            "timeseries",
+            "Banks with few spare rows",
+            [
+                Query(
+                    'gpu_row_remap_banks{availability=~"low|none", ' + INSTANCE + "}",
+                    "{{instance}} gpu {{gpu}} {{availability}}",
+                )
+            ],
+            "short",
+            width=8,
+        ),
+        Row("Throttling"),
+        Panel(
+            "timeseries",
+            "Fleet share of time throttled by reason",
+            [Query('fleet:gpu_clocks_event:ratio_rate5m{reason!="gpu_idle"}', "{{reason}}")],
+            "percentunit",
+            max=1,
+        ),
+        Panel(
+            "timeseries",
+            "Thermal and power-brake throttling per GPU",
+            [
+                Query(
+                    'rate(gpu_clocks_event_seconds_total{reason=~"hw_thermal_slowdown|'
+                    'sw_thermal_slowdown|hw_power_brake_slowdown", ' + INSTANCE + "}" + rate + ")",
+                    "{{instance}} gpu {{gpu}} {{reason}}",
+                )
+            ],
+            "percentunit",
+            max=1,
+        ),
+        Panel(
+            "timeseries",
+            "Hottest GPU per node",
+            [
+                Query(
+                    'max by (instance) (gpu_temperature_celsius{sensor="gpu", ' + INSTANCE + "})",
+                    "{{instance}}",
+                )
+            ],
+            "celsius",
+        ),
+        Panel(
+            "timeseries",
+            "Node throttle share by reason",
+            [
+                Query(
+                    'instance:gpu_clocks_event:ratio_rate5m{reason!="gpu_idle", ' + INSTANCE + "}",
+                    "{{instance}} {{reason}}",
+                )
+            ],
+            "percentunit",
+            max=1,
+        ),
+        Row("Exporter"),
+        Panel(
+            "table", "Sources", [Query("gpu_exporter_source_up{" + INSTANCE + "}")], "bool", width=8
+        ),
+        Panel(
+            "timeseries",
+            "Collector success",
+            [
+                Query(
+                    "gpu_exporter_collector_success{" + INSTANCE + "}", "{{instance}} {{collector}}"
+                )
+            ],
+            "bool",
+            width=8,
+        ),
+        Panel(
+            "timeseries",
+            "Sample age",
+            [
+                Query(
+                    "gpu_exporter_sample_age_seconds{" + INSTANCE + "}",
+                    "{{instance}} {{collector}}",
+                )
+            ],
+            "s",
+            width=8,
+        ),
+    ]
+    variables = _variables(
+        _query_variable("instance", "Node", "label_values(gpu_info, instance)"),
+    )
+    return _dashboard(
+        "gpu-exporter-health",
+        "GPU health",
+        "Xids by class, drain recommendations, ECC and row remapping, throttling, exporter health.",
+        items,
+        variables,
+    )
+
+
+DASHBOARDS = {
+    "gpu-fleet-efficiency.json": fleet,
+    "gpu-node-detail.json": node,
+    "gpu-health.json": health,
+}
+
+
+def render(build: Any) -> str:
+    return json.dumps(build(), indent=2, ensure_ascii=False) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="only check the files are current")
+    args = parser.parse_args(argv)
+    stale = []
+    for name, build in DASHBOARDS.items():
+        path = HERE / name
+        text = render(build)
+        if args.check:
+            if not path.exists() or path.read_text() != text:
+                stale.append(name)
+        else:
+            path.write_text(text)
+    if stale:
+        print(f"out of date: {', '.join(stale)} (run python dashboards/build.py)", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

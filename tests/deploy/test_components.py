@@ -1,0 +1,162 @@
+"""Least privilege, as a cluster admin would read it: what the DaemonSet asks for, and that
+turning a feature off (a component under deploy/components/) removes exactly that feature's grant
+and changes nothing else."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from .conftest import ALL_OFF, COMPONENTS, FEATURE_OFF, container, daemonset
+from .kustomize import Resource
+
+# Feature-off component -> what it must take away: host paths, capabilities, exporter variables.
+FEATURE_GRANTS: dict[str, dict[str, set[str]]] = {
+    "no-kmsg": {
+        "hostPath": {"/dev/kmsg"},
+        "capability": {"SYSLOG"},
+        "env": {"GPU_EXPORTER_KMSG_PATH"},
+        "adds": {"GPU_EXPORTER_KMSG=false"},  # the exporter is told, so the source is off
+    },
+    "no-container-memory": {
+        "hostPath": {"/proc"},
+        "capability": set(),
+        "env": {"GPU_EXPORTER_PROC_PATH"},
+    },
+    "no-allocation": {
+        "hostPath": {"/var/lib/kubelet/pod-resources"},
+        "capability": set(),
+        "env": {"GPU_EXPORTER_POD_RESOURCES_SOCKET"},
+    },
+    "no-prometheus-operator": {"hostPath": set(), "capability": set(), "env": set()},
+}
+OPERATOR_GROUP = "monitoring.coreos.com"
+
+
+def grants(resources: list[Resource]) -> dict[str, set[str]]:
+    spec = daemonset(resources)["spec"]["template"]["spec"]
+    caps = container(resources)["securityContext"].get("capabilities", {})
+    return {
+        "hostPath": {v["hostPath"]["path"] for v in spec.get("volumes", []) if "hostPath" in v},
+        "capability": set(caps.get("add", [])),
+        "env": {e["name"] for e in container(resources).get("env", [])},
+    }
+
+
+def without(resources: list[Resource], removed: dict[str, set[str]]) -> list[Resource]:
+    """``resources`` with the DaemonSet stripped of ``removed`` by hand: what a component should
+    produce."""
+    out = copy.deepcopy(resources)
+    spec = daemonset(out)["spec"]["template"]["spec"]
+    names = {
+        v["name"]
+        for v in spec["volumes"]
+        if v.get("hostPath", {}).get("path") in removed["hostPath"]
+    }
+    spec["volumes"] = [v for v in spec["volumes"] if v["name"] not in names]
+    main = container(out)
+    main["volumeMounts"] = [m for m in main["volumeMounts"] if m["name"] not in names]
+    main["env"] = [e for e in main["env"] if e["name"] not in removed["env"]]
+    for setting in sorted(removed.get("adds", set())):
+        name, _, value = setting.partition("=")
+        main["env"].insert(0, {"name": name, "value": value})
+    caps = main["securityContext"]["capabilities"]
+    left = [c for c in caps.get("add", []) if c not in removed["capability"]]
+    if left:
+        caps["add"] = left
+    else:
+        caps.pop("add", None)
+    return out
+
+
+def test_every_feature_off_component_is_described() -> None:
+    assert set(FEATURE_OFF) == set(FEATURE_GRANTS), "describe the component in FEATURE_GRANTS"
+
+
+def test_the_default_install_asks_for_each_feature_grant(base: list[Resource]) -> None:
+    have = grants(base)
+    for component, removed in FEATURE_GRANTS.items():
+        for kind, items in removed.items():
+            if kind == "adds":
+                continue
+            assert items <= have[kind], f"{component}: base lacks {kind} {items - have[kind]}"
+
+
+def test_each_feature_off_removes_its_grant_and_nothing_else(
+    variants: dict[str, list[Resource]],
+) -> None:
+    base = variants["base"]
+    for component, removed in FEATURE_GRANTS.items():
+        expected = without(base, removed)
+        if component == "no-prometheus-operator":
+            expected = [r for r in expected if not r["apiVersion"].startswith(OPERATOR_GROUP)]
+        assert variants[component] == expected, f"{component} changed more than its grant"
+
+
+def test_all_features_off_asks_for_no_capability_and_only_its_state_dir(
+    variants: dict[str, list[Resource]],
+) -> None:
+    have = grants(variants[ALL_OFF])
+    assert have["capability"] == set()
+    assert have["hostPath"] == {"/var/lib/gpu-exporter"}
+    assert not any(r["apiVersion"].startswith(OPERATOR_GROUP) for r in variants[ALL_OFF])
+
+
+def test_default_runtime_only_drops_the_runtime_class(variants: dict[str, list[Resource]]) -> None:
+    expected = copy.deepcopy(variants["base"])
+    del daemonset(expected)["spec"]["template"]["spec"]["runtimeClassName"]
+    assert variants["default-runtime"] == expected
+
+
+def test_privileged_is_opt_in_only(variants: dict[str, list[Resource]]) -> None:
+    for name, resources in variants.items():
+        security = container(resources)["securityContext"]
+        if name == "kmsg-privileged":
+            assert security["privileged"] is True
+        else:
+            assert security["privileged"] is False, name
+            assert security["allowPrivilegeEscalation"] is False, name
+    assert set(COMPONENTS) == set(FEATURE_OFF) | {"default-runtime", "kmsg-privileged"}
+
+
+def test_least_privilege_pod(base: list[Resource]) -> None:
+    pod = daemonset(base)["spec"]["template"]["spec"]
+    main = container(base)
+    security = main["securityContext"]
+    assert security["capabilities"]["drop"] == ["ALL"]
+    assert set(security["capabilities"].get("add", [])) <= {"SYSLOG"}
+    assert security["readOnlyRootFilesystem"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    for shared in ("hostPID", "hostIPC", "hostNetwork", "shareProcessNamespace"):
+        assert not pod.get(shared), f"{shared}: host /proc is mounted instead"
+    assert pod["automountServiceAccountToken"] is False
+    assert not [
+        r for r in base if r["kind"] in ("Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding")
+    ]
+    assert "initContainers" not in pod
+    assert len(pod["containers"]) == 1
+
+
+def test_gpu_access_without_taking_a_gpu(base: list[Resource]) -> None:
+    pod = daemonset(base)["spec"]["template"]["spec"]
+    main = container(base)
+    resources: dict[str, Any] = main["resources"]
+    for section in ("requests", "limits"):
+        assert set(resources[section]) == {"cpu", "memory"}, "no nvidia.com/gpu: it would take one"
+    env = {e["name"]: e.get("value") for e in main["env"]}
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
+    assert env["NVIDIA_DRIVER_CAPABILITIES"] == "utility"  # NVML only, no CUDA
+    assert pod["runtimeClassName"] == "nvidia"
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod[
+        "tolerations"
+    ]
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    node_name = next(e for e in main["env"] if e["name"] == "NODE_NAME")
+    assert node_name["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+
+
+def test_rolling_update_keeps_at_most_one_pod_per_node(base: list[Resource]) -> None:
+    strategy = daemonset(base)["spec"]["updateStrategy"]
+    assert strategy["type"] == "RollingUpdate"
+    assert strategy["rollingUpdate"]["maxSurge"] == 0  # two pods would share the Xid journal
+    assert strategy["rollingUpdate"]["maxUnavailable"] == 1

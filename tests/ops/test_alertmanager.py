@@ -1,0 +1,119 @@
+"""The Alertmanager routing example: amtool accepts it, every routing case resolves to its
+receivers, and the inhibitions mute what they should in a real Alertmanager."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import urllib.request
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from demo.stack import AlertmanagerProcess, load_yaml, wait_ready, webhook_alertmanager_config
+
+from tests.conftest import require_binary
+
+from .helpers import ALERTMANAGER_CASES, ALERTMANAGER_EXAMPLE, OPERATIONS, alertmanager_binary
+
+CASES = load_yaml(ALERTMANAGER_CASES)
+
+
+def amtool(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [require_binary("amtool"), *args], capture_output=True, text=True, check=False
+    )
+
+
+def test_amtool_check_config_accepts_the_example() -> None:
+    result = amtool("check-config", str(ALERTMANAGER_EXAMPLE))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("case", CASES["routes"], ids=lambda case: case["name"])
+def test_route(case: dict[str, Any]) -> None:
+    labels = [f"{key}={value}" for key, value in case["labels"].items()]
+    result = amtool(
+        "config",
+        "routes",
+        "test",
+        f"--config.file={ALERTMANAGER_EXAMPLE}",
+        f"--verify.receivers={','.join(case['receivers'])}",
+        *labels,
+    )
+    assert result.returncode == 0, (
+        f"{case['labels']} -> {result.stdout.strip()}, expected {case['receivers']}"
+    )
+
+
+def test_every_team_receiver_is_in_the_documented_namespace_mapping() -> None:
+    operations = OPERATIONS.read_text()
+    example = load_yaml(ALERTMANAGER_EXAMPLE)
+    for receiver in example["receivers"]:
+        if receiver["name"].startswith("team-"):
+            assert f"`{receiver['name']}`" in operations, receiver["name"]
+
+
+@pytest.fixture(scope="module")
+def alertmanager(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AlertmanagerProcess]:
+    binary = alertmanager_binary()
+    workdir: Path = tmp_path_factory.mktemp("alertmanager")
+    # Receivers point at a closed port: this test reads alert states, not notifications.
+    config = webhook_alertmanager_config(load_yaml(ALERTMANAGER_EXAMPLE), "http://127.0.0.1:9")
+    process = AlertmanagerProcess(binary, config, workdir)
+    try:
+        wait_ready(f"{process.url}/-/ready", process)
+        yield process
+    finally:
+        process.stop()
+
+
+def post_alerts(url: str, alerts: list[dict[str, str]]) -> None:
+    now = datetime.now(UTC)
+    body = [
+        {
+            "labels": labels,
+            "startsAt": now.isoformat(),
+            "endsAt": (now + timedelta(minutes=10)).isoformat(),
+        }
+        for labels in alerts
+    ]
+    request = urllib.request.Request(
+        f"{url}/api/v2/alerts",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert response.status == 200
+
+
+def alert_states(url: str) -> list[dict[str, Any]]:
+    with urllib.request.urlopen(f"{url}/api/v2/alerts", timeout=10) as response:
+        return list(json.loads(response.read().decode()))
+
+
+@pytest.mark.parametrize("case", CASES["inhibitions"], ids=lambda case: case["name"])
+def test_inhibition(alertmanager: AlertmanagerProcess, case: dict[str, Any]) -> None:
+    post_alerts(alertmanager.url, case["firing"])
+    states = alert_states(alertmanager.url)
+    instances = {alert["instance"] for alert in case["firing"]}
+
+    def matching(selector: dict[str, str]) -> list[dict[str, Any]]:
+        found = [
+            state
+            for state in states
+            if state["labels"].get("instance") in instances
+            and all(state["labels"].get(k) == v for k, v in selector.items())
+        ]
+        assert found, f"no posted alert matches {selector}"
+        return found
+
+    for selector in case["muted"]:
+        for state in matching(selector):
+            assert state["status"]["inhibitedBy"], f"{state['labels']} should be inhibited"
+    for selector in case["not_muted"]:
+        for state in matching(selector):
+            assert not state["status"]["inhibitedBy"], f"{state['labels']} is inhibited"

@@ -1,0 +1,380 @@
+"""End to end with the real binaries: three simulated nodes, Prometheus running the kit's rules
+(windows and ``for:`` shortened to seconds), Alertmanager with the example routing, and a webhook
+receiver here. Injected Xids must reach the right receivers, the idle notebook must be reported
+to its team, every dashboard query must return data and the fleet recording rules must agree with
+the scenarios' ground truth within 2%.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import shutil
+import tempfile
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import pytest_asyncio
+import yaml
+from aiohttp import web
+from demo.stack import (
+    DEMO,
+    RULE_FILES,
+    AlertmanagerProcess,
+    ExporterProcess,
+    PrometheusProcess,
+    load_yaml,
+    prometheus_config,
+    shorten_rules,
+    stop_all,
+    wait_ready,
+    webhook_alertmanager_config,
+)
+
+from gpu_exporter.cli import build_parser
+from tests.conftest import require_binary
+
+from .helpers import ALERTMANAGER_EXAMPLE, alertmanager_binary, dashboard_queries
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+WINDOW = "15s"  # every [5m]/[1h]/offset in the rules becomes this
+DEADLINE = 45.0  # seconds any one condition may take to come true
+TOLERANCE = 0.02  # relative, for the ground-truth comparisons
+
+# ---- the simulated fleet (demo/scenarios/node-*.yaml) and its ground truth ----------------------
+SCENARIOS = {name: DEMO / "scenarios" / f"{name}.yaml" for name in ("node-a", "node-b", "node-c")}
+# Capacity in whole GPUs: A 4, B 1 + (3+2+1+1)/7, C 2 = 8; allocated: A 4, B 1 + 5/7, C 1.
+TRUE_ALLOCATED = (4 + 1 + 5 / 7 + 1) / 8
+# SM activity over the capacity that reports it (A 4, B 2; C has no GPM):
+TRUE_SM_ACTIVE = (0.8 + 0.8 + 0.0 + 0.1 + 0.5 + 0.6 * 3 / 7 + 0.3 * 2 / 7) / 6
+
+XID_METRICS = ("gpu_xid", "gpu_drain_recommended", "class:gpu_xid")
+ALLOCATION_METRICS = (
+    "gpu_alloc",
+    "gpu_container_memory",
+    "namespace:",
+    "fleet:gpu_allocated",
+    "fleet:gpu_allocation_activity_gap",
+    "device:gpu_allocat",
+)
+
+
+# ---- webhook receiver ---------------------------------------------------------------------------
+
+
+@dataclass
+class Webhook:
+    """Alertmanager webhook notifications, by receiver (the URL path)."""
+
+    notifications: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    changed: asyncio.Condition = field(default_factory=asyncio.Condition)
+    url: str = ""
+
+    async def handle(self, request: web.Request) -> web.Response:
+        payload = await request.json()
+        async with self.changed:
+            self.notifications.append((request.match_info["receiver"], payload))
+            self.changed.notify_all()
+        return web.Response(text="ok")
+
+    def alerts(self, receiver: str) -> list[dict[str, Any]]:
+        return [
+            alert
+            for name, payload in self.notifications
+            if name == receiver
+            for alert in payload["alerts"]
+            if alert["status"] == "firing"
+        ]
+
+    async def wait_for_alert(
+        self, receiver: str, match: Callable[[dict[str, str]], bool], within: float = DEADLINE
+    ) -> dict[str, Any]:
+        def found() -> dict[str, Any] | None:
+            return next((a for a in self.alerts(receiver) if match(a["labels"])), None)
+
+        async with self.changed:
+            try:
+                await asyncio.wait_for(self.changed.wait_for(lambda: found() is not None), within)
+            except TimeoutError:
+                seen = [(r, [a["labels"] for a in p["alerts"]]) for r, p in self.notifications]
+                pytest.fail(f"no matching alert reached {receiver} in {within:.0f}s; got {seen}")
+        alert = found()
+        assert alert is not None
+        return alert
+
+
+# ---- the stack ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Stack:
+    exporters: dict[str, ExporterProcess]
+    prometheus: PrometheusProcess
+    alertmanager: AlertmanagerProcess
+    webhook: Webhook
+    session: aiohttp.ClientSession
+    xid_wired: bool
+    allocation_wired: bool
+
+    async def query(self, expr: str) -> list[dict[str, Any]]:
+        async with self.session.get(
+            f"{self.prometheus.url}/api/v1/query", params={"query": expr}
+        ) as response:
+            body = await response.json()
+        if body.get("status") != "success":
+            raise ValueError(f"{expr!r}: {body.get('errorType')}: {body.get('error')}")
+        result = body["data"]["result"]
+        return list(result) if isinstance(result, list) else [{"value": result}]
+
+    async def eventually(
+        self, expr: str, ok: Callable[[list[dict[str, Any]]], bool], what: str
+    ) -> list[dict[str, Any]]:
+        """Poll an instant query until ``ok(result)`` (bounded: processes cannot be awaited)."""
+        deadline = time.monotonic() + DEADLINE
+        result: list[dict[str, Any]] = []
+        while time.monotonic() < deadline:
+            result = await self.query(expr)
+            if ok(result):
+                return result
+            await asyncio.sleep(0.5)
+        pytest.fail(f"{what}: {expr} -> {result} after {DEADLINE:.0f}s\n{self.diagnostics()}")
+
+    def diagnostics(self) -> str:
+        parts = [f"--- {p.name}\n{p.output(15)}" for p in (self.prometheus, self.alertmanager)]
+        parts += [f"--- exporter {n}\n{e.output(10)}" for n, e in self.exporters.items()]
+        return "\n".join(parts)
+
+
+def _xid_in_parser() -> bool:
+    return any("--xid-classes" in a.option_strings for a in build_parser()._actions)
+
+
+def _allocation_wired(exporter: ExporterProcess, seconds: float = 15.0) -> bool:
+    """The app wires the allocation subsystem, and it serves its source's self-metric."""
+    import gpu_exporter.app
+
+    if "allocation" not in inspect.getsource(gpu_exporter.app):
+        return False
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if 'source="pod_resources"' in exporter.metrics():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def stack() -> AsyncIterator[Stack]:
+    prometheus_binary = require_binary("prometheus")
+    am_binary = alertmanager_binary()
+    workdir = Path(tempfile.mkdtemp(prefix="gx-e2e-"))  # short: unix socket paths are limited
+    webhook = Webhook()
+    app = web.Application()
+    app.router.add_post("/{receiver}", webhook.handle)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    webhook.url = f"http://127.0.0.1:{port}"
+
+    exporters: dict[str, ExporterProcess] = {}
+    processes: list[Any] = []
+    session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
+    try:
+        for name, scenario in SCENARIOS.items():
+            exporters[name] = ExporterProcess(name, scenario, workdir / name)
+            processes.append(exporters[name])
+        for exporter in exporters.values():
+            await asyncio.to_thread(exporter.wait_listening)
+        metrics = await asyncio.to_thread(exporters["node-a"].metrics)
+        xid_wired = _xid_in_parser() and "gpu_drain_recommended" in metrics
+        allocation_wired = await asyncio.to_thread(_allocation_wired, exporters["node-a"])
+
+        rule_paths = []
+        for source in RULE_FILES:
+            short = shorten_rules(load_yaml(source), window=WINDOW, idle_threshold_seconds=3)
+            rule_paths.append(workdir / source.name)
+            rule_paths[-1].write_text(yaml.safe_dump(short, sort_keys=False))
+        am_config = webhook_alertmanager_config(load_yaml(ALERTMANAGER_EXAMPLE), webhook.url)
+        alertmanager = AlertmanagerProcess(am_binary, am_config, workdir / "alertmanager")
+        processes.append(alertmanager)
+        targets = [e.address for e in exporters.values()]
+        prometheus = PrometheusProcess(
+            prometheus_binary,
+            prometheus_config(targets, rule_paths, f"127.0.0.1:{alertmanager.port}"),
+            workdir / "prometheus",
+        )
+        processes.append(prometheus)
+        await asyncio.to_thread(wait_ready, f"{alertmanager.url}/-/ready", alertmanager)
+        await asyncio.to_thread(wait_ready, f"{prometheus.url}/-/ready", prometheus)
+        built = Stack(
+            exporters, prometheus, alertmanager, webhook, session, xid_wired, allocation_wired
+        )
+        await built.eventually(
+            'count(up{job="gpu-exporter"} == 1)',
+            lambda r: bool(r) and float(r[0]["value"][1]) == len(exporters),
+            "all exporters scraped",
+        )
+        # The incidents: a hardware Xid on a training GPU, an application Xid in the inference
+        # server, thermal throttling and an uncorrectable ECC error on node C.
+        await asyncio.to_thread(exporters["node-a"].inject, {"type": "xid", "gpu": 1, "code": 48})
+        await asyncio.to_thread(
+            exporters["node-b"].inject,
+            {"type": "xid", "gpu": 0, "code": 13, "pid": 52001, "process_name": "tritonserver"},
+        )
+        await asyncio.to_thread(
+            exporters["node-c"].inject,
+            {"type": "throttle", "gpu": 1, "reason": "hw_thermal_slowdown"},
+            {"type": "ecc", "gpu": 0, "uncorrected": 1},
+        )
+        yield built
+    finally:
+        await session.close()
+        await asyncio.to_thread(stop_all, reversed(processes))
+        await runner.cleanup()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def require_xid(stack: Stack) -> None:
+    if not stack.xid_wired:
+        pytest.skip("the Xid subsystem is not wired into gpu_exporter.app yet")
+
+
+def require_allocation(stack: Stack) -> None:
+    if not stack.allocation_wired:
+        pytest.skip(
+            "the allocation subsystem is not wired into gpu_exporter.app yet "
+            "(no gpu_allocated series under --simulate)"
+        )
+
+
+def close_to(truth: float) -> Callable[[list[dict[str, Any]]], bool]:
+    def ok(result: list[dict[str, Any]]) -> bool:
+        return len(result) == 1 and abs(float(result[0]["value"][1]) - truth) <= TOLERANCE * truth
+
+    return ok
+
+
+# ---- tests --------------------------------------------------------------------------------------
+
+
+async def test_every_rule_loads_and_evaluates_without_error(stack: Stack) -> None:
+    deadline = time.monotonic() + DEADLINE
+    while True:
+        async with stack.session.get(f"{stack.prometheus.url}/api/v1/rules") as response:
+            groups = (await response.json())["data"]["groups"]
+        rules = [rule for group in groups for rule in group["rules"]]
+        if all(rule.get("lastEvaluation", "").startswith("20") for rule in rules):
+            break
+        assert time.monotonic() < deadline, "rules never evaluated"
+        await asyncio.sleep(0.5)
+    expected = sum(len(g["rules"]) for path in RULE_FILES for g in load_yaml(path)["groups"])
+    assert len(rules) == expected
+    broken = [(r["name"], r.get("lastError")) for r in rules if r["health"] != "ok"]
+    assert not broken, broken
+
+
+async def test_fleet_sm_activity_agrees_with_the_scenarios(stack: Stack) -> None:
+    await stack.eventually(
+        "fleet:gpu_sm_active:ratio_rate5m", close_to(TRUE_SM_ACTIVE), "fleet SM activity"
+    )
+    await stack.eventually("fleet:gpu_capacity:sum", close_to(8.0), "fleet capacity")
+
+
+async def test_fleet_allocation_agrees_with_the_scenarios(stack: Stack) -> None:
+    require_allocation(stack)
+    await stack.eventually(
+        "fleet:gpu_allocated:ratio_rate5m", close_to(TRUE_ALLOCATED), "fleet allocation"
+    )
+    await stack.eventually(
+        "fleet:gpu_allocation_activity_gap:ratio_rate5m",
+        close_to(TRUE_ALLOCATED - TRUE_SM_ACTIVE),
+        "fleet allocation/activity gap",
+    )
+    # The notebook is the only idle allocation: one whole GPU.
+    await stack.eventually(
+        'namespace:gpu_allocated_idle_seconds:rate5m{namespace="research"}',
+        close_to(1.0),
+        "idle GPUs held by research",
+    )
+
+
+async def test_a_hardware_xid_pages_infra_with_its_gpu_and_class(stack: Stack) -> None:
+    require_xid(stack)
+    node_a = stack.exporters["node-a"].address
+    alert = await stack.webhook.wait_for_alert(
+        "infra-pager",
+        lambda labels: (
+            labels.get("alertname") == "GPUXidHardwareError" and labels.get("instance") == node_a
+        ),
+    )
+    assert alert["labels"]["gpu"] == "1"
+    assert alert["labels"]["class"] == "hardware"
+    assert alert["labels"]["xid"] == "48"
+    assert alert["annotations"]["runbook_url"].endswith("#gpuxidhardwareerror")
+
+
+async def test_an_application_xid_reaches_the_team_owning_the_namespace(stack: Stack) -> None:
+    require_xid(stack)
+    require_allocation(stack)  # the namespace comes from who held the GPU
+    alert = await stack.webhook.wait_for_alert(
+        "team-inference",
+        lambda labels: labels.get("alertname") == "GPUXidApplicationError",
+    )
+    assert alert["labels"]["namespace"] == "inference"
+    assert alert["labels"]["pod"] == "llm-serve-a"
+    assert alert["labels"]["class"] == "application"
+    assert alert["labels"]["xid"] == "13"
+    assert not stack.webhook.alerts("infra-pager") or all(
+        a["labels"].get("alertname") != "GPUXidApplicationError"
+        for a in stack.webhook.alerts("infra-pager")
+    )
+
+
+async def test_the_idle_notebook_is_reported_to_its_team(stack: Stack) -> None:
+    require_allocation(stack)
+    alert = await stack.webhook.wait_for_alert(
+        "team-research",
+        lambda labels: labels.get("alertname") == "GPUAllocatedIdle",
+    )
+    assert alert["labels"]["pod"] == "jupyter-alice"
+    assert alert["labels"]["gpu"] == "2"
+
+
+async def test_every_dashboard_query_parses_and_returns_data(stack: Stack) -> None:
+    queries = dashboard_queries()
+    waiting: list[tuple[str, str, str]] = []
+    deferred: list[str] = []
+    deadline = time.monotonic() + DEADLINE
+    pending = list(queries)
+    while pending:
+        waiting = []
+        for dashboard, title, expr in pending:
+            result = await stack.query(expr)  # raises on a parse or evaluation error
+            if not result:
+                waiting.append((dashboard, title, expr))
+        # Queries of a subsystem not wired yet cannot return data: report them, do not wait.
+        deferred = [
+            f"{d}: {t}"
+            for d, t, e in waiting
+            if (not stack.xid_wired and any(m in e for m in XID_METRICS))
+            or (not stack.allocation_wired and any(m in e for m in ALLOCATION_METRICS))
+        ]
+        pending = [w for w in waiting if f"{w[0]}: {w[1]}" not in deferred]
+        if not pending or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(1.0)
+    assert not pending, "queries without data:\n" + "\n".join(
+        f"{d}: {t}: {e}" for d, t, e in pending
+    )
+    if deferred:
+        pytest.skip(
+            "parsed, but no data until the Xid/allocation wiring lands: " + "; ".join(deferred)
+        )
