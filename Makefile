@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: run test lint system-deps bench demo lock sync-monitoring clean
+.PHONY: run test lint system-deps bench demo lock sync-monitoring proto clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -54,6 +54,10 @@ lock: $(STAMP)
 ## sync-monitoring: copy alerts/ and dashboards/ into deploy/monitoring/ for kustomize
 sync-monitoring: $(STAMP)
 	$(BIN)/python deploy/monitoring/sync.py
+
+## proto: regenerate the committed kubelet pod-resources stubs (grpcio-tools is a dev dependency)
+proto: $(STAMP)
+	PYTHON=$(BIN)/python src/gpu_exporter/allocation/proto/regenerate.sh
 
 bench: $(STAMP)
 	$(BIN)/python bench/run.py $(ARGS)

@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 from gpu_exporter import identity, sampler, xid
+from gpu_exporter.allocation import metrics as allocation_metrics
 from gpu_exporter.cli import build_parser
 from gpu_exporter.collectors import ALL_COLLECTORS
 from gpu_exporter.exposition import Family
@@ -14,7 +15,8 @@ README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
 
 
 def code_families() -> list[Family]:
-    families = list(identity.FAMILIES) + list(sampler.SELF_FAMILIES) + list(xid.FAMILIES)
+    families = [*identity.FAMILIES, *sampler.SELF_FAMILIES, *xid.FAMILIES]
+    families += allocation_metrics.FAMILIES
     for collector in ALL_COLLECTORS:
         families += collector.families
     return families

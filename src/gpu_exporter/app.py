@@ -14,6 +14,7 @@ from typing import Any
 
 from aiohttp import web
 
+from .allocation import AllocationSubsystem
 from .config import Config
 from .logs import get_logger
 from .nvml import WorkerPool
@@ -34,7 +35,9 @@ class Exporter:
     sampler: Sampler
     web_app: web.Application
     xid: XidSubsystem
+    allocation: AllocationSubsystem | None = None
     simulation: Any = None  # a SimulatedNode under --simulate
+    kubelet: Any = None  # its SimulatedKubelet (pod-resources server, proc and pod-log trees)
     runner: web.AppRunner | None = None
 
     @property
@@ -45,7 +48,11 @@ class Exporter:
         return int(self.runner.addresses[0][1])
 
     async def start(self) -> None:
-        await self.sampler.start()  # NVML up and devices known before the Xid sources start
+        if self.kubelet is not None:
+            await self.kubelet.start()
+        await self.sampler.start()  # NVML up and devices known before the other sources start
+        if self.allocation is not None:
+            await self.allocation.start()
         await self.xid.start()
         self.runner = web.AppRunner(self.web_app, access_log=None, handle_signals=False)
         await self.runner.setup()
@@ -57,8 +64,12 @@ class Exporter:
         if self.runner is not None:
             await self.runner.cleanup()
         await self.xid.stop()  # frees its NVML event set before nvmlShutdown
+        if self.allocation is not None:
+            await self.allocation.stop()
         await self.sampler.stop()
         self.pool.shutdown()
+        if self.kubelet is not None:
+            await self.kubelet.close()
         if self.simulation is not None:
             from .simulator import uninstall
 
@@ -75,11 +86,15 @@ def build_exporter(config: Config) -> Exporter:
         simulation, extra_routes = _start_simulation(config)
         config = _simulated_paths(config)
     sampler = Sampler(config, pool)
-    xid = _build_xid(config, sampler, simulation)
+    kubelet = _simulated_kubelet(simulation)
+    allocation = _build_allocation(config, sampler, pool, kubelet) if config.allocation else None
+    if allocation is not None:
+        sampler.add_source(allocation)
+    xid = _build_xid(config, sampler, simulation, allocation)
     sampler.add_source(xid)
     sampler.add_listener(xid)
     web_app = make_web_app(sampler, extra_routes)
-    return Exporter(config, pool, sampler, web_app, xid, simulation)
+    return Exporter(config, pool, sampler, web_app, xid, allocation, simulation, kubelet)
 
 
 def _pool_size() -> int:
@@ -113,7 +128,40 @@ def _simulated_paths(config: Config) -> Config:
     return replace(config, **changes)
 
 
-def _build_xid(config: Config, sampler: Sampler, simulation: Any) -> XidSubsystem:
+def _simulated_kubelet(simulation: Any) -> Any:
+    """Under --simulate, the simulator also plays the kubelet and the host's /proc."""
+    if simulation is None:
+        return None
+    from .simulator.kubelet import SimulatedKubelet
+
+    return SimulatedKubelet(simulation)
+
+
+def _build_allocation(
+    config: Config, sampler: Sampler, pool: WorkerPool, kubelet: Any
+) -> AllocationSubsystem:
+    socket, proc, logs = config.pod_resources_socket, config.proc_path, config.pod_logs_path
+    if kubelet is not None:
+        socket, proc, logs = kubelet.socket_path, kubelet.proc_path, kubelet.pod_logs_path
+    return AllocationSubsystem(
+        socket_path=socket,
+        proc_path=proc,
+        pod_logs_path=logs,
+        devices=sampler.devices,
+        ledger=sampler.ledger,
+        executor=pool,
+        idle_threshold=config.idle_threshold,
+        poll_interval=config.pod_resources_interval,
+        # The ledger keeps only the latest point per device: update at twice the sampling rate.
+        update_interval=config.fast_interval / 2,
+        process_interval=5.0 if config.container_memory else None,
+        errors=sampler.errors,
+    )
+
+
+def _build_xid(
+    config: Config, sampler: Sampler, simulation: Any, allocation: AllocationSubsystem | None
+) -> XidSubsystem:
     boot_id = None
     if simulation is not None:
         config.kmsg_path.touch()
@@ -127,6 +175,7 @@ def _build_xid(config: Config, sampler: Sampler, simulation: Any) -> XidSubsyste
         classes_path=config.xid_classes,
         nvml_events=config.nvml_events,
         boot_id=boot_id,
+        holder=allocation,
         on_change=sampler.render_now,
     )
 

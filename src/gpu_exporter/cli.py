@@ -152,6 +152,32 @@ def build_parser() -> argparse.ArgumentParser:
         help="kubelet pod-resources socket (default /var/lib/kubelet/pod-resources/kubelet.sock)",
     )
     add(
+        "--allocation",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="attribute GPUs to pods through the kubelet pod-resources API (default on)",
+    )
+    add(
+        "--pod-resources-interval",
+        type=_checked(parse_duration),
+        default=1.0,
+        metavar="DURATION",
+        help="how often to ask the kubelet who holds which GPU (default 1s)",
+    )
+    add(
+        "--container-memory",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="per-container GPU memory from NVML processes, host /proc and pod logs (default on)",
+    )
+    add(
+        "--pod-logs-path",
+        type=Path,
+        default=Path("/var/log/pods"),
+        metavar="PATH",
+        help="the host's pod log directory, read for names only (default /var/log/pods)",
+    )
+    add(
         "--state-dir",
         type=Path,
         default=Path("/var/lib/gpu-exporter"),
@@ -255,6 +281,10 @@ def parse_config(argv: Sequence[str], environ: Mapping[str, str] | None = None) 
         xid_classes=namespace.xid_classes,
         kmsg=namespace.kmsg,
         nvml_events=namespace.nvml_events,
+        allocation=namespace.allocation,
+        container_memory=namespace.container_memory,
+        pod_logs_path=namespace.pod_logs_path,
+        pod_resources_interval=namespace.pod_resources_interval,
         idle_threshold=namespace.idle_threshold,
         log_format=namespace.log_format,
         log_level=namespace.log_level,

@@ -33,6 +33,10 @@ class Config:
     xid_classes: Path | None = None
     kmsg: bool = True
     nvml_events: bool = True
+    allocation: bool = True
+    container_memory: bool = True
+    pod_logs_path: Path = Path("/var/log/pods")
+    pod_resources_interval: float = 1.0
     idle_threshold: float = 0.05
     log_format: str = "auto"
     log_level: str = "info"

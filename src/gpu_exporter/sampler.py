@@ -224,6 +224,11 @@ class Sampler:
     # -- what the HTTP side reads ------------------------------------------------------------
 
     @property
+    def errors(self) -> ErrorCounter:
+        """NVML error counts, shared with other parts that call NVML (process listing)."""
+        return self._errors
+
+    @property
     def exposition(self) -> Exposition:
         return self._exposition
 

@@ -19,14 +19,16 @@ FEATURE_GRANTS: dict[str, dict[str, set[str]]] = {
         "adds": {"GPU_EXPORTER_KMSG=false"},  # the exporter is told, so the source is off
     },
     "no-container-memory": {
-        "hostPath": {"/proc"},
+        "hostPath": {"/proc", "/var/log/pods"},
         "capability": set(),
-        "env": {"GPU_EXPORTER_PROC_PATH"},
+        "env": {"GPU_EXPORTER_PROC_PATH", "GPU_EXPORTER_POD_LOGS_PATH"},
+        "adds": {"GPU_EXPORTER_CONTAINER_MEMORY=false"},
     },
     "no-allocation": {
         "hostPath": {"/var/lib/kubelet/pod-resources"},
         "capability": set(),
         "env": {"GPU_EXPORTER_POD_RESOURCES_SOCKET"},
+        "adds": {"GPU_EXPORTER_ALLOCATION=false"},
     },
     "no-prometheus-operator": {"hostPath": set(), "capability": set(), "env": set()},
 }

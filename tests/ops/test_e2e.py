@@ -243,16 +243,13 @@ async def stack() -> AsyncIterator[Stack]:
 
 
 def require_xid(stack: Stack) -> None:
-    if not stack.xid_wired:
-        pytest.skip("the Xid subsystem is not wired into gpu_exporter.app yet")
+    assert stack.xid_wired, "the simulated nodes serve no Xid series: the Xid wiring is broken"
 
 
 def require_allocation(stack: Stack) -> None:
-    if not stack.allocation_wired:
-        pytest.skip(
-            "the allocation subsystem is not wired into gpu_exporter.app yet "
-            "(no gpu_allocated series under --simulate)"
-        )
+    assert stack.allocation_wired, (
+        "the simulated nodes serve no gpu_allocated series: the allocation wiring is broken"
+    )
 
 
 def close_to(truth: float) -> Callable[[list[dict[str, Any]]], bool]:
@@ -374,7 +371,4 @@ async def test_every_dashboard_query_parses_and_returns_data(stack: Stack) -> No
     assert not pending, "queries without data:\n" + "\n".join(
         f"{d}: {t}: {e}" for d, t, e in pending
     )
-    if deferred:
-        pytest.skip(
-            "parsed, but no data until the Xid/allocation wiring lands: " + "; ".join(deferred)
-        )
+    assert not deferred, "queries of unwired subsystems: " + "; ".join(deferred)

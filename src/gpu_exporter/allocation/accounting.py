@@ -1,0 +1,180 @@
+"""Allocated and idle-allocated time per (device, pod), from the activity ledger.
+
+Every update adds the time since the previous update to each holder's allocated seconds. Idle
+time comes from the ledger's activity integrals: each new ledger interval ``[a, b]`` has the exact
+mean activity ``delta(seconds_total) / (b - a)``; when it is below the threshold, the part of
+``[a, b]`` during which a pod held the device counts as idle for that pod. So the idle counter
+follows the sampler's own intervals exactly, whatever the update cadence, and never exceeds the
+allocated counter.
+
+A time-sliced (or MPS-shared) device has one activity signal for the whole device: every pod
+sharing it accrues idle time together, and none accrues any while another pod keeps it busy.
+
+The signal is SM activity (GPM) where the device has it, else NVML utilisation ("a kernel was
+resident", which over-reports activity, so under-reports idle). A device with neither (a MIG
+instance without GPM) accrues allocated time only and publishes no idle series.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+from ..collectors.activity import activity_source_name
+from ..devices import DeviceId
+from ..ledger import ActivityKind, ActivityLedger, ActivityPoint
+from .model import PodKey
+
+
+def idle_activity_source(device: DeviceId) -> str:
+    """What idle accounting uses on ``device``: ``gpm`` (SM activity), ``utilization``, ``none``.
+
+    Meant for ``gpu_info``'s ``activity_source`` label, so the fallback is visible there.
+    """
+    source = activity_source_name(device)
+    if source != "none":
+        return source
+    return "none" if device.is_mig else "utilization"
+
+
+def _kind_for(device: DeviceId) -> ActivityKind | None:
+    source = idle_activity_source(device)
+    if source == "none":
+        return None
+    return ActivityKind.UTILIZATION if source == "utilization" else ActivityKind.SM_ACTIVE
+
+
+@dataclass
+class PodUsage:
+    """Counters of one pod on one device (all in seconds)."""
+
+    device: DeviceId
+    pod: PodKey
+    classified_until: float
+    allocated: float = 0.0
+    idle: float = 0.0
+    streak: float = 0.0
+    released_at: float | None = None
+
+
+@dataclass
+class _DeviceActivity:
+    kind: ActivityKind
+    point: ActivityPoint | None = None
+
+
+class IdleAccountant:
+    def __init__(
+        self, ledger: ActivityLedger, threshold: float, *, retention: float = 300.0
+    ) -> None:
+        self._ledger = ledger
+        self._threshold = threshold
+        # Released pods' counters stay published this long, so their last increase is scraped.
+        self._retention = retention
+        self._usage: dict[tuple[str, PodKey], PodUsage] = {}
+        self._activity: dict[str, _DeviceActivity | None] = {}
+        self._last: float | None = None
+
+    def update(self, now: float, held: Mapping[DeviceId, set[PodKey]]) -> None:
+        """Account the time since the previous update to the pods holding each device now."""
+        resuming = self._last is None
+        dt = 0.0 if self._last is None else max(0.0, now - self._last)
+        self._last = now
+        current: set[tuple[str, PodKey]] = set()
+        for device, pods in held.items():
+            for pod in pods:
+                key = (device.uuid, pod)
+                current.add(key)
+                self._hold(key, device, pod, now, dt, resuming)
+            self._classify(device, [self._usage[(device.uuid, pod)] for pod in pods])
+        self._release(current, now)
+
+    def pause(self) -> None:
+        """Holders are unknown (kubelet down): the next update starts a fresh interval."""
+        self._last = None
+
+    def usages(self) -> Iterator[PodUsage]:
+        return iter(self._usage.values())
+
+    def has_idle_signal(self, uuid: str) -> bool:
+        return self._activity.get(uuid) is not None
+
+    def _hold(
+        self,
+        key: tuple[str, PodKey],
+        device: DeviceId,
+        pod: PodKey,
+        now: float,
+        dt: float,
+        resuming: bool,
+    ) -> None:
+        usage = self._usage.get(key)
+        if usage is None or usage.released_at is not None:
+            # New (or back after a release): accounting starts now, not at the last update.
+            if usage is None:
+                usage = self._usage[key] = PodUsage(device, pod, classified_until=now)
+            usage.released_at, usage.streak = None, 0.0
+            usage.classified_until = max(usage.classified_until, now)
+            return
+        usage.device = device
+        usage.allocated += dt
+        if resuming:  # activity during an outage belongs to no known holder
+            usage.classified_until = max(usage.classified_until, now)
+
+    def _classify(self, device: DeviceId, usages: list[PodUsage]) -> None:
+        interval = self._next_interval(device)
+        if interval is None:
+            return
+        start, end, mean = interval
+        for usage in usages:
+            lo = max(start, usage.classified_until)
+            if end <= lo:
+                continue
+            usage.classified_until = end
+            if mean < self._threshold:
+                span = min(end - lo, usage.allocated - usage.idle)
+                usage.idle += max(0.0, span)
+                usage.streak += end - lo
+            else:
+                usage.streak = 0.0
+
+    def _next_interval(self, device: DeviceId) -> tuple[float, float, float] | None:
+        """The ledger interval since the last one consumed for ``device``, with its mean."""
+        state = self._activity_state(device)
+        if state is None:
+            return None
+        point = self._ledger.latest(device.uuid, state.kind)
+        previous, state.point = state.point, point
+        if point is None or previous is None or point.at <= previous.at:
+            if point is not None and previous is not None and point.at < previous.at:
+                state.point = point  # the collector restarted: rebaseline
+            return None
+        gained = point.seconds_total - previous.seconds_total
+        if gained < 0:  # a restarted integral: skip the interval
+            return None
+        return previous.at, point.at, gained / (point.at - previous.at)
+
+    def _activity_state(self, device: DeviceId) -> _DeviceActivity | None:
+        """The device's signal: its preferred kind, else whatever the ledger has for it."""
+        state = self._activity.get(device.uuid)
+        preferred = _kind_for(device)
+        kind = preferred
+        for candidate in (preferred, ActivityKind.SM_ACTIVE, ActivityKind.UTILIZATION):
+            if candidate is not None and self._ledger.latest(device.uuid, candidate) is not None:
+                kind = candidate
+                break
+        if kind is None:
+            self._activity[device.uuid] = None
+            return None
+        if state is None or state.kind is not kind:
+            state = self._activity[device.uuid] = _DeviceActivity(kind)
+        return state
+
+    def _release(self, current: set[tuple[str, PodKey]], now: float) -> None:
+        for key, usage in list(self._usage.items()):
+            if key in current:
+                continue
+            if usage.released_at is None:
+                usage.released_at, usage.streak = now, 0.0
+            elif now - usage.released_at > self._retention:
+                del self._usage[key]

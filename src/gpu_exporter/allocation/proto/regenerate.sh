@@ -1,0 +1,16 @@
+#!/bin/sh
+# Regenerate the committed pod-resources stubs from podresources.proto.
+#
+# Needs grpcio-tools (a development tool only: `pip install grpcio-tools`). The proto is compiled
+# with the source root as include path, so the stubs import each other as
+# `gpu_exporter.allocation.proto.podresources_pb2` (no sys.path tricks). The generated code pins
+# the protobuf runtime it needs (ValidateProtobufRuntimeVersion): keep pyproject's protobuf floor
+# at the version printed in podresources_pb2.py.
+set -eu
+here=$(cd "$(dirname "$0")" && pwd)
+src=$(cd "$here/../../.." && pwd)
+python=${PYTHON:-python3}
+cd "$src"
+"$python" -m grpc_tools.protoc -I . \
+    --python_out=. --pyi_out=. --grpc_python_out=. \
+    gpu_exporter/allocation/proto/podresources.proto

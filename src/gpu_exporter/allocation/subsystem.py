@@ -1,0 +1,332 @@
+"""Allocation against activity: who holds each device, what it does, and the idle time it wastes.
+
+Three background loops feed series the sampler renders (this is a SampleSource):
+
+- *poll* (every ``poll_interval``): the kubelet's pod-resources ``List`` and
+  ``GetAllocatableResources`` over ``grpc.aio``, each call with a deadline. While the socket is
+  absent or failing, ``gpu_exporter_source_up{source="pod_resources"}`` is 0 and every allocation
+  series is withheld (unknown is not zero); the next successful poll brings them back.
+- *account* (every ``update_interval``): allocated and idle-allocated seconds per device and pod
+  (see :mod:`.accounting`) and the holder history used to attribute events (:meth:`holder`).
+- *processes* (every ``process_interval``): GPU processes (NVML, on a worker thread) to their
+  pods and containers through the host's ``/proc`` and pod log directories, for
+  ``gpu_container_memory_used_bytes`` and PID-based attribution.
+
+Nothing here runs on the scrape path: :meth:`samples` returns the list the last update built.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import time
+from collections.abc import Callable, Coroutine, Iterable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+from ..devices import Device, DeviceId
+from ..exposition import Family, Sample, join_labels, label_string
+from ..ledger import ActivityLedger
+from ..logs import RateLimiter, get_logger
+from ..nvml import ErrorCounter, PoolExhausted
+from ..sampler import SOURCE_UP
+from .accounting import IdleAccountant
+from .cgroups import PodName
+from .history import HolderHistory
+from .metrics import (
+    ALLOCATED,
+    ALLOCATED_IDLE_SECONDS,
+    ALLOCATED_SECONDS,
+    ALLOCATION_INFO,
+    CONTAINER_MEMORY,
+    FAMILIES,
+    IDLE_STREAK,
+)
+from .model import Allocations, PodKey, resolve_snapshot
+from .podresources import PodResourcesClient, PodResourcesError, PodResourcesSnapshot
+from .processes import NvmlProcessLister, ProcessLister, ScanResult, scan
+
+T = TypeVar("T")
+_log = get_logger("allocation")
+_SOURCE_LABELS = label_string({"source": "pod_resources"})
+# A PID seen in a pod is remembered this long for attributing events to it (its process may have
+# died in the very fault being attributed).
+PID_RETENTION = 600.0
+
+
+class Executor(Protocol):
+    """What the subsystem needs from a worker pool (the sampler's WorkerPool fits)."""
+
+    def submit(self, fn: Callable[[], T]) -> concurrent.futures.Future[T]: ...
+
+    def abandon(self, future: concurrent.futures.Future[Any]) -> None: ...
+
+
+@dataclass(frozen=True)
+class _PidOwner:
+    pod: PodKey
+    seen: float  # wall time
+
+
+class AllocationSubsystem:
+    families: Sequence[Family] = (*FAMILIES, SOURCE_UP)
+
+    def __init__(
+        self,
+        *,
+        socket_path: Path,
+        devices: Callable[[], Iterable[Device]],
+        ledger: ActivityLedger,
+        executor: Executor,
+        idle_threshold: float = 0.05,
+        proc_path: Path = Path("/proc"),
+        pod_logs_path: Path = Path("/var/log/pods"),
+        poll_interval: float = 1.0,
+        update_interval: float = 0.5,
+        process_interval: float | None = 5.0,
+        call_timeout: float = 2.0,
+        process_lister: ProcessLister | None = None,
+        errors: ErrorCounter | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._client = PodResourcesClient(socket_path, timeout=call_timeout)
+        self._devices = devices
+        self._executor = executor
+        self._proc_path = proc_path
+        self._pod_logs_path = pod_logs_path
+        self._intervals = (poll_interval, update_interval, process_interval)
+        self._scan_timeout = max(call_timeout, 5.0)
+        self._lister = process_lister or NvmlProcessLister(errors)
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self._accountant = IdleAccountant(ledger, idle_threshold)
+        self._history = HolderHistory(slack=poll_interval + update_interval)
+        self._limiter = RateLimiter(period=60.0, clock=clock)
+        self._snapshot: PodResourcesSnapshot | None = None
+        self._up = False
+        self._allocations = Allocations()
+        self._pod_names: dict[str, PodName] = {}
+        self._pids: dict[int, _PidOwner] = {}
+        self._memory: list[Sample] = []
+        self._samples: list[Sample] = [Sample(SOURCE_UP, _SOURCE_LABELS, 0.0)]
+        self._scan_future: concurrent.futures.Future[ScanResult] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = False
+        self._polled = asyncio.Event()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        poll, update, processes = self._intervals
+        self._stopping = False
+        self._tasks = [
+            asyncio.create_task(self._every(poll, self.poll)),
+            asyncio.create_task(self._every(update, self._update_async)),
+        ]
+        if processes is not None:  # None: per-container memory is off (no host /proc needed)
+            self._tasks.append(asyncio.create_task(self._every(processes, self.scan_processes)))
+
+    async def stop(self) -> None:
+        # Python 3.11 can lose a cancellation that races a finishing await; the flag still ends
+        # each loop within one interval.
+        self._stopping = True
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+        await self._client.close()
+
+    # -- what others read (on the event loop) ------------------------------------------------
+
+    @property
+    def up(self) -> bool:
+        return self._up
+
+    def samples(self) -> Iterable[Sample]:
+        return self._samples
+
+    def holder(self, uuid: str, at_wall_time: float, pid: int | None = None) -> PodKey | None:
+        """(namespace, pod) that held ``uuid`` at ``at_wall_time``; None if none or ambiguous.
+
+        A PID seen in a pod wins (it singles out one pod of a time-sliced device); otherwise the
+        holder history must name exactly one pod. ``uuid`` may be a GPU in MIG mode: then any of
+        its instances' holders count.
+        """
+        if pid is not None:
+            owner = self._pids.get(pid)
+            if owner is not None:
+                return owner.pod
+        pods = self._history.holders(uuid, at_wall_time)
+        return next(iter(pods)) if len(pods) == 1 else None
+
+    async def wait_for_poll(self) -> None:
+        """Wait for the next poll to finish (tests and callers that need fresh data)."""
+        self._polled.clear()
+        await self._polled.wait()
+
+    # -- the three steps (public so tests can drive them without the loops) -----------------
+
+    async def poll(self) -> None:
+        """Ask the kubelet once; mark the source up or down."""
+        try:
+            snapshot = await self._client.fetch()
+        except PodResourcesError as exc:
+            self._set_down(str(exc))
+        else:
+            came_up = not self._up
+            self._snapshot, self._up = snapshot, True
+            if came_up:
+                _log.info("pod-resources source is up", containers=len(snapshot.containers))
+                self.update()  # publish at once rather than at the next accounting tick
+        self._polled.set()
+
+    def update(self) -> None:
+        """Resolve the last poll against the devices, account time, rebuild the samples."""
+        if not self._up or self._snapshot is None:
+            self._accountant.pause()
+            self._rebuild()
+            return
+        allocations = resolve_snapshot(self._snapshot, [d.id for d in self._devices()])
+        if allocations.unresolved:
+            self._warn(
+                "unresolved", "device ids match no device", ids=sorted(allocations.unresolved)
+            )
+        held = _held(allocations)
+        self._accountant.update(self._clock(), held)
+        self._history.observe(self._wall_clock(), held)
+        self._allocations = allocations
+        self._rebuild()
+
+    async def scan_processes(self) -> None:
+        """Map GPU processes to containers (on a worker thread); skipped while one is stuck."""
+        if self._scan_future is not None and not self._scan_future.done():
+            return  # an NVML call hung in the previous scan; do not pile up threads
+        devices = [d for d in self._devices() if d.id.is_mig or d.id.mig_mode != "enabled"]
+        job = partial(
+            scan, devices, self._lister, self._proc_path, self._pod_logs_path, set(self._pod_names)
+        )
+        try:
+            future = self._scan_future = self._executor.submit(job)
+        except (PoolExhausted, RuntimeError) as exc:
+            self._warn("scan-submit", "process scan not started", error=str(exc))
+            return
+        wrapped = asyncio.wrap_future(future)
+        done, _ = await asyncio.wait({wrapped}, timeout=self._scan_timeout)
+        if not done:
+            self._executor.abandon(future)
+            self._warn("scan-timeout", "process scan timed out", timeout_s=self._scan_timeout)
+            return
+        self._apply_scan(wrapped.result())
+
+    # -- internals ---------------------------------------------------------------------------
+
+    async def _update_async(self) -> None:
+        self.update()
+
+    async def _every(self, interval: float, step: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        loop = asyncio.get_running_loop()
+        next_tick = loop.time()
+        while not self._stopping:
+            try:
+                await step()
+            except Exception:  # a bug in one step must not stop the loop for good
+                _log.exception("allocation step failed", step=getattr(step, "__name__", "?"))
+            next_tick = max(next_tick + interval, loop.time())
+            await asyncio.sleep(next_tick - loop.time())
+
+    def _set_down(self, reason: str) -> None:
+        if self._up:
+            _log.warning("pod-resources source is down; allocation series withheld", error=reason)
+        else:
+            self._warn("down", "pod-resources source unavailable", error=reason)
+        self._up = False
+        self._snapshot = None
+        self._accountant.pause()
+        self._rebuild()  # withhold the allocation series at once
+
+    def _apply_scan(self, result: ScanResult) -> None:
+        if result.pods:
+            self._pod_names = result.pods
+        if result.failed:
+            self._warn("scan-failed", "process listing failed", uuids=result.failed)
+        now = self._wall_clock()
+        memory: dict[tuple[DeviceId, str, str, str], list[int | None]] = {}
+        for process in result.processes:
+            names = self._pod_names.get(process.owner.pod_uid) if process.owner else None
+            if names is None:
+                continue  # not in a pod (a host process), or a pod not yet in the log directory
+            pod = (names.namespace, names.pod)
+            self._pids[process.pid] = _PidOwner(pod, now)
+            container = self._container(process.device, pod, names)
+            key = (process.device, names.namespace, names.pod, container)
+            memory.setdefault(key, []).append(process.used_bytes)
+        self._pids = {p: o for p, o in self._pids.items() if now - o.seen < PID_RETENTION}
+        self._memory = list(_memory_samples(memory))
+        self._rebuild()
+
+    def _container(self, device: DeviceId, pod: PodKey, names: PodName) -> str:
+        """The container a pod's process belongs to: the one holding the device, if unique."""
+        for candidates in (
+            self._allocations.containers_of(device.uuid, pod),
+            {h.container for h in self._allocations.holdings if h.pod_key == pod},
+            set(names.containers),
+        ):
+            if len(candidates) == 1:
+                return next(iter(candidates))
+        return ""
+
+    def _rebuild(self) -> None:
+        samples = [Sample(SOURCE_UP, _SOURCE_LABELS, 1.0 if self._up else 0.0)]
+        if self._up:
+            samples.extend(self._allocation_samples())
+        samples.extend(self._memory)
+        self._samples = samples
+
+    def _allocation_samples(self) -> Iterable[Sample]:
+        held = self._allocations.pods_by_device()
+        for holding in self._allocations.holdings:
+            extra = {
+                "namespace": holding.namespace,
+                "pod": holding.pod,
+                "container": holding.container,
+                "resource": holding.resource,
+            }
+            yield Sample(
+                ALLOCATION_INFO, join_labels(holding.device.labels, label_string(extra)), 1
+            )
+        for device in self._allocations.schedulable:
+            yield Sample(ALLOCATED, device.labels, 1.0 if held.get(device.uuid) else 0.0)
+        for usage in self._accountant.usages():
+            pod = label_string({"namespace": usage.pod[0], "pod": usage.pod[1]})
+            labels = join_labels(usage.device.labels, pod)
+            yield Sample(ALLOCATED_SECONDS, labels, usage.allocated)
+            if self._accountant.has_idle_signal(usage.device.uuid):
+                yield Sample(ALLOCATED_IDLE_SECONDS, labels, usage.idle)
+                if usage.released_at is None:
+                    yield Sample(IDLE_STREAK, labels, usage.streak)
+
+    def _warn(self, key: str, event: str, **fields: Any) -> None:
+        suppressed = self._limiter.allow(key)
+        if suppressed is not None:
+            _log.warning(event, suppressed=suppressed, **fields)
+
+
+def _held(allocations: Allocations) -> dict[DeviceId, set[PodKey]]:
+    held: dict[DeviceId, set[PodKey]] = {}
+    for holding in allocations.holdings:
+        held.setdefault(holding.device, set()).add(holding.pod_key)
+    return held
+
+
+def _memory_samples(
+    memory: dict[tuple[DeviceId, str, str, str], list[int | None]],
+) -> Iterable[Sample]:
+    for (device, namespace, pod, container), used in memory.items():
+        known = [u for u in used if u is not None]
+        if not known:
+            continue  # the driver could not say: withhold rather than report 0
+        extra = label_string({"namespace": namespace, "pod": pod, "container": container})
+        yield Sample(CONTAINER_MEMORY, join_labels(device.labels, extra), float(sum(known)))

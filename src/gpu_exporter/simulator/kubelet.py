@@ -1,0 +1,156 @@
+"""The simulator as kubelet: a real pod-resources gRPC server and a proc-like tree.
+
+The server answers from the node's allocations at each call, so allocations and releases on the
+timeline show up as they happen. Device ids are the NVIDIA device plugin's: ``GPU-<uuid>``,
+``MIG-<uuid>``, and ``<uuid>::<n>`` replicas on a time-sliced GPU. GetAllocatableResources lists
+every schedulable device: each MIG instance (``nvidia.com/mig-<profile>``, or whatever resource
+the scenario's allocations name for it), each whole GPU not in MIG mode, and, for a GPU the
+scenario shares by replicas, its replicas (at least ``MIN_REPLICAS``).
+
+A refresh task keeps ``<root>/proc/<pid>/cgroup`` and ``<root>/pods/...`` (see
+:mod:`.procfs`) in step with the node's workloads and allocations; point the exporter's
+``--proc-path`` and ``--pod-logs-path`` at :attr:`proc_path` and :attr:`pod_logs_path`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from gpu_exporter.allocation.podresources import ContainerDevices
+from gpu_exporter.allocation.server import KubeletState, PodResourcesServer
+from gpu_exporter.simulator.procfs import ProcTree, SimProcess
+
+if TYPE_CHECKING:
+    from gpu_exporter.simulator.node import SimulatedNode
+    from gpu_exporter.simulator.scenario import AllocationSpec
+
+MIN_REPLICAS = 4
+GPU_RESOURCE = "nvidia.com/gpu"
+
+
+class SimulatedKubelet:
+    def __init__(
+        self,
+        node: SimulatedNode,
+        socket_path: Path | None = None,
+        *,
+        files_root: Path | None = None,
+        refresh_interval: float = 0.5,
+    ) -> None:
+        """Without ``files_root``, a temporary directory (removed by :meth:`close`) holds the
+        tree and, without ``socket_path``, the socket (kept short: unix paths max ~107 bytes)."""
+        self._node = node
+        self._own_root = files_root is None
+        root = files_root or Path(tempfile.mkdtemp(prefix="gpu-sim-"))
+        self._server = PodResourcesServer(socket_path or root / "kubelet.sock", self.state)
+        self._root = root
+        self._tree = ProcTree(root)
+        self._interval = refresh_interval
+        self._specs = list(self._scenario_allocations())  # the scenario is immutable
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def socket_path(self) -> Path:
+        return self._server.socket_path
+
+    @property
+    def proc_path(self) -> Path:
+        return self._tree.proc_path
+
+    @property
+    def pod_logs_path(self) -> Path:
+        return self._tree.pod_logs_path
+
+    async def start(self) -> None:
+        await self.refresh()
+        await self._server.start()
+        self._task = asyncio.create_task(self._refresh_loop())
+
+    async def stop(self) -> None:
+        """Stop serving; the socket file goes away, as when the kubelet stops."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        await self._server.stop()
+
+    async def close(self) -> None:
+        """Stop, and remove the files tree when this object created it."""
+        await self.stop()
+        if self._own_root:
+            await asyncio.to_thread(shutil.rmtree, self._root, True)
+
+    async def refresh(self) -> None:
+        """Bring the proc-like tree up to date with the node (file I/O on a thread)."""
+        processes, pods = self._processes()
+        await asyncio.to_thread(self._tree.sync, processes, pods)
+
+    def state(self) -> KubeletState:
+        """What the kubelet would answer now (called on the event loop by the server)."""
+        self._node.advance()
+        allocations = self._node.allocations
+        containers = [
+            ContainerDevices(
+                a.spec.namespace, a.spec.pod, a.spec.container, a.spec.resource, (a.device_id,)
+            )
+            for a in allocations
+        ]
+        return KubeletState(containers, list(self._allocatable()))
+
+    # -- internals ---------------------------------------------------------------------------
+
+    async def _refresh_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._interval)
+            try:
+                await self.refresh()
+            except OSError:  # a vanished tmp dir must not kill the simulated kubelet
+                continue
+
+    def _processes(self) -> tuple[list[SimProcess], list[tuple[str, str, str]]]:
+        node = self._node
+        with node.lock:
+            node.advance()
+            processes = [
+                SimProcess(w.pid, w.spec.namespace, w.spec.pod, w.spec.container)
+                for gpu in node.gpus
+                for w, _ in gpu.all_workloads()
+                if w.spec.pod
+            ]
+            pods = [(a.spec.namespace, a.spec.pod, a.spec.container) for a in node.allocations]
+        return processes, pods
+
+    def _allocatable(self) -> Iterator[tuple[str, str]]:
+        specs = self._specs
+        for gpu in self._node.gpus:
+            if gpu.mig_enabled:
+                for mig in gpu.migs:
+                    resource = _resource(specs, gpu.index, mig.spec.index)
+                    yield resource or f"nvidia.com/mig-{mig.spec.profile.name}", mig.uuid
+                continue
+            mine = [s for s in specs if s.gpu == gpu.index and s.mig is None]
+            replicas = [s.replica for s in mine if s.replica is not None]
+            resource = _resource(specs, gpu.index, None) or GPU_RESOURCE
+            if not replicas:
+                yield resource, gpu.uuid
+                continue
+            for n in range(max(MIN_REPLICAS, max(replicas) + 1)):
+                yield resource, f"{gpu.uuid}::{n}"
+
+    def _scenario_allocations(self) -> Iterable[AllocationSpec]:
+        scenario = self._node.scenario
+        yield from scenario.allocations
+        for event in scenario.timeline:
+            if event.type == "allocate":
+                yield event.params["allocation"]
+
+
+def _resource(specs: list[AllocationSpec], gpu: int, mig: int | None) -> str | None:
+    return next((s.resource for s in specs if s.gpu == gpu and s.mig == mig), None)

@@ -1,0 +1,110 @@
+"""Who held a device at a given time: holder history and PID-based attribution."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gpu_exporter.allocation import AllocationSubsystem
+from gpu_exporter.allocation.history import HolderHistory
+from gpu_exporter.allocation.processes import GpuProcess
+from gpu_exporter.devices import Device
+from gpu_exporter.ledger import ActivityLedger
+from gpu_exporter.nvml import WorkerPool
+
+from .helpers import (
+    GPU_A,
+    GPU_C,
+    MIG_1,
+    MIG_2,
+    MIG_B1,
+    MIG_B2,
+    UUID_A,
+    UUID_B,
+    UUID_C,
+    FakeClock,
+    FakeKubelet,
+    devices,
+)
+
+TRAIN = ("ml", "train")
+EVAL = ("ml", "eval")
+SHARE_A = ("web", "share-a")
+SHARE_B = ("web", "share-b")
+
+
+def test_event_in_the_past_resolves_to_who_held_it_then() -> None:
+    history = HolderHistory(slack=1.0)
+    history.observe(100.0, {GPU_A: {TRAIN}})
+    history.observe(150.0, {GPU_A: set()})  # train released (seen at 150)
+    history.observe(160.0, {GPU_A: {EVAL}})
+    assert history.holders(UUID_A, 120.0) == {TRAIN}
+    assert history.holders(UUID_A, 155.0) == set()
+    assert history.holders(UUID_A, 170.0) == {EVAL}
+    assert history.holders(UUID_A, 159.5) == {EVAL}  # within the slack of a late first sighting
+    assert history.holders(UUID_A, 90.0) == set()
+
+
+def test_mig_instances_answer_for_their_parent() -> None:
+    history = HolderHistory()
+    history.observe(100.0, {MIG_B1: {TRAIN}, MIG_B2: {EVAL}})
+    assert history.holders(MIG_1, 110.0) == {TRAIN}
+    assert history.holders(MIG_2, 110.0) == {EVAL}
+    assert history.holders(UUID_B, 110.0) == {TRAIN, EVAL}
+
+
+def test_old_tenures_are_pruned() -> None:
+    history = HolderHistory(retention=60.0)
+    history.observe(0.0, {GPU_A: {TRAIN}})
+    history.observe(10.0, {GPU_A: set()})
+    assert history.holders(UUID_A, 5.0) == {TRAIN}
+    history.observe(100.0, {GPU_A: set()})
+    assert history.holders(UUID_A, 5.0) == set()
+
+
+class Processes:
+    def __init__(self) -> None:
+        self.by_uuid: dict[str, list[GpuProcess]] = {}
+
+    def __call__(self, device: Device) -> list[GpuProcess]:
+        return self.by_uuid.get(device.uuid, [])
+
+
+async def test_holder_prefers_pid_on_shared_gpu(
+    kubelet: FakeKubelet, pool: WorkerPool, tmp_path: Path
+) -> None:
+    from .test_memory import make_pod
+
+    kubelet.hold("web", "share-a", "srv", "nvidia.com/gpu", f"{UUID_C}::0")
+    kubelet.hold("web", "share-b", "srv", "nvidia.com/gpu", f"{UUID_C}::1")
+    kubelet.hold("ml", "train", "main", "nvidia.com/gpu", UUID_A)
+    processes = Processes()
+    processes.by_uuid[UUID_C] = [GpuProcess(4242, 1 << 30)]
+    make_pod(tmp_path, "web", "share-b", ["srv"], {4242: "srv"})
+    wall = FakeClock(1_700_000_000.0)
+    sub = AllocationSubsystem(
+        socket_path=kubelet.socket_path,
+        devices=devices,
+        ledger=ActivityLedger(),
+        executor=pool,
+        proc_path=tmp_path / "proc",
+        pod_logs_path=tmp_path / "pods",
+        process_lister=processes,
+        wall_clock=wall,
+    )
+    await sub.poll()
+    sub.update()
+    await sub.scan_processes()
+    now = wall.now
+    assert sub.holder(UUID_A, now, None) == TRAIN
+    assert sub.holder(UUID_A, now, 999) == TRAIN  # an unknown pid falls back to the history
+    assert sub.holder(UUID_C, now, None) is None  # two pods share it: ambiguous
+    assert sub.holder(UUID_C, now, 4242) == SHARE_B
+    assert sub.holder(UUID_C, now - 3600, None) is None  # before anyone held it
+    kubelet.release("train")
+    await sub.poll()
+    wall.advance(30)
+    sub.update()
+    assert sub.holder(UUID_A, now + 10, None) == TRAIN  # slightly in the past: still train
+    assert sub.holder(UUID_A, wall.now, None) is None
+    assert (GPU_A.uuid, GPU_C.uuid) == (UUID_A, UUID_C)
+    await sub.stop()

@@ -1,0 +1,214 @@
+"""The subsystem against a real grpc.aio pod-resources server on a temporary unix socket."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gpu_exporter.allocation import AllocationSubsystem
+from gpu_exporter.ledger import ActivityLedger
+from gpu_exporter.nvml import WorkerPool
+
+from .helpers import (
+    MIG_1,
+    MIG_2,
+    UUID_A,
+    UUID_B,
+    UUID_C,
+    UUID_D,
+    FakeClock,
+    FakeKubelet,
+    devices,
+    named,
+    series,
+)
+
+SOURCE_UP = 'gpu_exporter_source_up{source="pod_resources"}'
+MIG1_LABELS = (
+    f'gpu="1",uuid="{MIG_1}",gpu_instance_id="1",compute_instance_id="0",mig_profile="3g.40gb"'
+)
+MIG2_LABELS = (
+    f'gpu="1",uuid="{MIG_2}",gpu_instance_id="2",compute_instance_id="0",mig_profile="1g.10gb"'
+)
+ALLOCATION_SERIES = (
+    "gpu_allocation_info",
+    "gpu_allocated",
+    "gpu_allocated_seconds_total",
+    "gpu_allocated_idle_seconds_total",
+    "gpu_allocation_idle_streak_seconds",
+)
+
+
+def subsystem(
+    kubelet: FakeKubelet, pool: WorkerPool, clock: FakeClock | None = None
+) -> AllocationSubsystem:
+    return AllocationSubsystem(
+        socket_path=kubelet.socket_path,
+        devices=devices,
+        ledger=ActivityLedger(),
+        executor=pool,
+        call_timeout=1.0,
+        poll_interval=0.05,
+        update_interval=0.05,
+        process_interval=60.0,
+        proc_path=Path("/nonexistent"),
+        pod_logs_path=Path("/nonexistent"),
+        clock=clock or FakeClock(),
+    )
+
+
+def every_id_form(kubelet: FakeKubelet) -> None:
+    kubelet.hold("ml", "train", "trainer", "nvidia.com/gpu", UUID_A)
+    kubelet.hold("batch", "single", "main", "nvidia.com/gpu", MIG_1)  # MIG "single" strategy
+    kubelet.hold("batch", "mixed", "main", "nvidia.com/mig-1g.10gb", MIG_2)  # "mixed"
+    kubelet.hold("web", "share-a", "srv", "nvidia.com/gpu", f"{UUID_C}::0")
+    kubelet.hold("web", "share-b", "srv", "nvidia.com/gpu.shared", f"{UUID_C}::3")
+    kubelet.hold("web", "share-b", "side", "nvidia.com/gpu.shared", f"{UUID_C}::4")
+    kubelet.hold("net", "router", "main", "example.com/nic", "eth0")  # not a GPU: ignored
+    kubelet.allocatable = [
+        ("nvidia.com/gpu", UUID_A),
+        ("nvidia.com/gpu", MIG_1),
+        ("nvidia.com/mig-1g.10gb", MIG_2),
+        *[("nvidia.com/gpu.shared", f"{UUID_C}::{n}") for n in range(8)],
+        ("nvidia.com/gpu", UUID_D),
+        ("example.com/nic", "eth0"),
+    ]
+
+
+async def test_every_id_form(kubelet: FakeKubelet, pool: WorkerPool) -> None:
+    every_id_form(kubelet)
+    sub = subsystem(kubelet, pool)
+    await sub.poll()
+    sub.update()
+    values = series(sub.samples())
+    assert values[SOURCE_UP] == 1
+    assert named(values, "gpu_allocation_info") == {
+        f'gpu_allocation_info{{gpu="0",uuid="{UUID_A}",namespace="ml",pod="train",'
+        'container="trainer",resource="nvidia.com/gpu"}': 1,
+        f'gpu_allocation_info{{{MIG1_LABELS},namespace="batch",pod="single",'
+        'container="main",resource="nvidia.com/gpu"}': 1,
+        f'gpu_allocation_info{{{MIG2_LABELS},namespace="batch",pod="mixed",'
+        'container="main",resource="nvidia.com/mig-1g.10gb"}': 1,
+        f'gpu_allocation_info{{gpu="2",uuid="{UUID_C}",namespace="web",pod="share-a",'
+        'container="srv",resource="nvidia.com/gpu"}': 1,
+        f'gpu_allocation_info{{gpu="2",uuid="{UUID_C}",namespace="web",pod="share-b",'
+        'container="srv",resource="nvidia.com/gpu.shared"}': 1,
+        f'gpu_allocation_info{{gpu="2",uuid="{UUID_C}",namespace="web",pod="share-b",'
+        'container="side",resource="nvidia.com/gpu.shared"}': 1,
+    }
+    assert named(values, "gpu_allocated") == {
+        f'gpu_allocated{{gpu="0",uuid="{UUID_A}"}}': 1,
+        f"gpu_allocated{{{MIG1_LABELS}}}": 1,
+        f"gpu_allocated{{{MIG2_LABELS}}}": 1,
+        f'gpu_allocated{{gpu="2",uuid="{UUID_C}"}}': 1,
+        f'gpu_allocated{{gpu="3",uuid="{UUID_D}"}}': 0,
+    }
+    # One counter per (device, pod): the two time-sliced pods each have theirs.
+    pods = {k for k in named(values, "gpu_allocated_seconds_total")}
+    assert len(pods) == 5
+    await sub.stop()
+
+
+async def test_gke_ids(kubelet: FakeKubelet, pool: WorkerPool) -> None:
+    kubelet.hold("ml", "train", "main", "nvidia.com/gpu", "nvidia0")
+    kubelet.hold("ml", "mig", "main", "nvidia.com/gpu", "nvidia1/gi2")
+    kubelet.hold("ml", "shared", "main", "nvidia.com/gpu", "nvidia2/vgpu1")
+    kubelet.allocatable = None  # an older kubelet: schedulable devices come from the inventory
+    sub = subsystem(kubelet, pool)
+    await sub.poll()
+    sub.update()
+    allocated = named(series(sub.samples()), "gpu_allocated")
+    assert allocated == {
+        f'gpu_allocated{{gpu="0",uuid="{UUID_A}"}}': 1,
+        f"gpu_allocated{{{MIG1_LABELS}}}": 0,
+        f"gpu_allocated{{{MIG2_LABELS}}}": 1,
+        f'gpu_allocated{{gpu="2",uuid="{UUID_C}"}}': 1,
+        f'gpu_allocated{{gpu="3",uuid="{UUID_D}"}}': 0,
+    }
+    assert f'uuid="{UUID_B}"' not in "".join(allocated)  # a GPU in MIG mode is not schedulable
+    await sub.stop()
+
+
+async def test_socket_gone_and_back(kubelet: FakeKubelet, pool: WorkerPool) -> None:
+    every_id_form(kubelet)
+    clock = FakeClock()
+    sub = subsystem(kubelet, pool, clock)
+    await sub.poll()
+    sub.update()
+    clock.advance(10)
+    sub.update()
+    before = series(sub.samples())
+    train = f'gpu_allocated_seconds_total{{gpu="0",uuid="{UUID_A}",namespace="ml",pod="train"}}'
+    assert before[train] == 10
+
+    await kubelet.stop()  # the socket file goes away
+    assert not kubelet.socket_path.exists()
+    await sub.poll()
+    down = series(sub.samples())
+    assert down[SOURCE_UP] == 0
+    for name in ALLOCATION_SERIES:  # withheld, not reported as zeros
+        assert not named(down, name), name
+    clock.advance(30)
+    sub.update()
+    assert not named(series(sub.samples()), "gpu_allocated")
+
+    await kubelet.start()
+    await sub.poll()  # recovers on the next poll, without waiting out gRPC's reconnect backoff
+    clock.advance(5)
+    sub.update()
+    back = series(sub.samples())
+    assert back[SOURCE_UP] == 1
+    assert named(back, "gpu_allocated") == named(before, "gpu_allocated")
+    # The counter resumes where it stopped: the outage is no one's allocated time.
+    assert back[train] == 15
+    await sub.stop()
+
+
+async def test_never_reachable(short_dir: Path, pool: WorkerPool) -> None:
+    sub = subsystem(FakeKubelet(short_dir / "absent.sock"), pool)
+    assert series(sub.samples()) == {SOURCE_UP: 0}
+    await sub.poll()
+    sub.update()
+    assert series(sub.samples()) == {SOURCE_UP: 0}
+    await sub.stop()
+
+
+async def test_background_loops_recover(kubelet: FakeKubelet, pool: WorkerPool) -> None:
+    every_id_form(kubelet)
+    sub = subsystem(kubelet, pool)
+    await sub.start()
+    await sub.wait_for_poll()
+    assert sub.up
+    await kubelet.stop()
+    while sub.up:
+        await sub.wait_for_poll()
+    assert series(sub.samples())[SOURCE_UP] == 0
+    await kubelet.start()
+    while not sub.up:
+        await sub.wait_for_poll()
+    values = series(sub.samples())
+    assert values[SOURCE_UP] == 1
+    assert len(named(values, "gpu_allocation_info")) == 6
+    await sub.stop()
+
+
+async def test_release_keeps_counters_for_a_while(kubelet: FakeKubelet, pool: WorkerPool) -> None:
+    every_id_form(kubelet)
+    clock = FakeClock()
+    sub = subsystem(kubelet, pool, clock)
+    await sub.poll()
+    sub.update()
+    clock.advance(4)
+    sub.update()
+    kubelet.release("train")
+    await sub.poll()
+    clock.advance(4)
+    sub.update()
+    values = series(sub.samples())
+    train = f'{{gpu="0",uuid="{UUID_A}",namespace="ml",pod="train"}}'
+    assert values[f'gpu_allocated{{gpu="0",uuid="{UUID_A}"}}'] == 0
+    assert values[f"gpu_allocated_seconds_total{train}"] == 4  # frozen, still published
+    assert f"gpu_allocation_idle_streak_seconds{train}" not in values
+    clock.advance(301)
+    sub.update()
+    assert f"gpu_allocated_seconds_total{train}" not in series(sub.samples())
+    await sub.stop()

@@ -1,0 +1,231 @@
+"""A scripted scenario end to end, on a fake clock: the simulator as NVML and as kubelet (real
+gRPC), the real activity and utilisation collectors feeding the ledger, and the subsystem.
+
+Idle time must equal the scripted idle time within one sample interval.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pynvml
+import pytest
+
+from gpu_exporter.allocation import AllocationSubsystem
+from gpu_exporter.collectors.activity import ActivityCollector
+from gpu_exporter.collectors.base import Collector, CollectorContext, SampleWriter
+from gpu_exporter.collectors.utilization import UtilizationCollector
+from gpu_exporter.config import Config
+from gpu_exporter.devices import Device, discover_gpu
+from gpu_exporter.ledger import ActivityLedger
+from gpu_exporter.nvml import DeviceCalls, ErrorCounter, SupportRegistry, WorkerPool
+from gpu_exporter.simulator import (
+    SimulatedNode,
+    install,
+    load_scenario,
+    loads_scenario,
+    uninstall,
+)
+from gpu_exporter.simulator.kubelet import SimulatedKubelet
+
+from .helpers import FakeClock, named, series
+
+SCENARIO = """
+gpus:
+  - {model: H100-SXM-80GB, count: 3}
+  - {model: H100-SXM-80GB, mig: [3g.40gb, 3g.40gb]}
+  - H100-SXM-80GB
+workloads:
+  - {gpu: 0, pod: trainer, namespace: ml, container: main, pid: 1001, memory: 10GiB, sm: 0.9}
+  - gpu: 1
+    pod: phases
+    namespace: ml
+    container: main
+    pid: 1002
+    sm: {pattern: bursty, value: 0.6, period: 20s, duty: 0.25}   # busy 5 s, idle 15 s
+  - gpu: 2
+    pod: share-a
+    namespace: web
+    container: srv
+    pid: 1003
+    memory: 3GiB
+    sm: {pattern: bursty, value: 0.5, period: 40s, duty: 0.5}    # busy 20 s, idle 20 s
+  - {gpu: 3, mig: 0, pod: mig-idle, namespace: batch, container: main, pid: 1004, sm: idle}
+  - {gpu: 3, mig: 1, pod: mig-busy, namespace: batch, container: main, pid: 1005, sm: 0.5}
+allocations:
+  - {gpu: 0, pod: trainer, namespace: ml, container: main}
+  - {gpu: 1, pod: phases, namespace: ml, container: main}
+  - {gpu: 2, replica: 0, pod: share-a, namespace: web, container: srv}
+  - {gpu: 2, replica: 1, pod: share-b, namespace: web, container: srv, resource: nvidia.com/gpu}
+  - {gpu: 3, mig: 0, pod: mig-idle, namespace: batch, container: main}
+  - {gpu: 3, mig: 1, pod: mig-busy, namespace: batch, container: main}
+timeline:
+  - at: 30s
+    type: allocate
+    gpu: 4
+    pod: notebook
+    namespace: research
+    container: lab
+    workload: {pid: 1006, memory: 1GiB, sm: idle}
+  - {at: 70s, type: release, pod: notebook, namespace: research}
+"""
+SECONDS = 100
+SAMPLE_INTERVAL = 1.0
+
+
+@dataclass
+class Rig:
+    clock: FakeClock
+    node: SimulatedNode
+    kubelet: SimulatedKubelet
+    subsystem: AllocationSubsystem
+    collectors: list[tuple[Collector, DeviceCalls]]
+
+    def sample(self) -> None:
+        for collector, calls in self.collectors:
+            collector.collect(calls, SampleWriter(collector.device.id.labels))
+
+
+@pytest.fixture
+def node(request: pytest.FixtureRequest) -> Iterator[SimulatedNode]:
+    clock = FakeClock()
+    text: str | None = getattr(request, "param", SCENARIO)
+    scenario = load_scenario(None) if text is None else loads_scenario(textwrap.dedent(text))
+    node = SimulatedNode(scenario, clock=clock)
+    install(node)
+    pynvml.nvmlInit()
+    yield node
+    pynvml.nvmlShutdown()
+    uninstall()
+    node.close()
+
+
+@pytest.fixture
+async def rig(node: SimulatedNode, short_dir: Path, pool: WorkerPool) -> AsyncIterator[Rig]:
+    clock: FakeClock = node._clock  # type: ignore[assignment]
+    support, errors = SupportRegistry(), ErrorCounter()
+    devices: list[Device] = [
+        d for i in range(len(node.gpus)) for d in discover_gpu(i, support, errors).devices()
+    ]
+    ledger = ActivityLedger()
+    context = CollectorContext(config=Config(), clock=clock, ledger=ledger)
+    collectors: list[tuple[Collector, DeviceCalls]] = [
+        (kind(device, context), DeviceCalls(device.uuid, support, errors, collector=kind.name))
+        for device in devices
+        for kind in (ActivityCollector, UtilizationCollector)
+        if kind.applies_to(device)
+    ]
+    kubelet = SimulatedKubelet(node, short_dir / "kubelet.sock", files_root=short_dir / "host")
+    await kubelet.start()
+    subsystem = AllocationSubsystem(
+        socket_path=kubelet.socket_path,
+        devices=lambda: devices,
+        ledger=ledger,
+        executor=pool,
+        proc_path=kubelet.proc_path,
+        pod_logs_path=kubelet.pod_logs_path,
+        clock=clock,
+    )
+    yield Rig(clock, node, kubelet, subsystem, collectors)
+    await subsystem.stop()
+    await kubelet.stop()
+
+
+async def run(rig: Rig, seconds: int) -> None:
+    """Each second: an update half way, then a sample, a kubelet poll and another update."""
+    for _ in range(seconds):
+        rig.clock.advance(SAMPLE_INTERVAL / 2)
+        rig.subsystem.update()
+        rig.clock.advance(SAMPLE_INTERVAL / 2)
+        rig.sample()
+        await rig.subsystem.poll()
+        rig.subsystem.update()
+
+
+def per_pod(values: dict[str, float], name: str) -> dict[str, float]:
+    out = {}
+    for key, value in named(values, name).items():
+        pod = key.split('pod="')[1].split('"')[0]
+        out[pod] = value
+    return out
+
+
+async def test_scripted_idle_time(rig: Rig) -> None:
+    rig.sample()  # the collectors' first reading is their baseline
+    await rig.subsystem.poll()
+    rig.subsystem.update()
+    await run(rig, SECONDS)
+    values = series(rig.subsystem.samples())
+    idle = per_pod(values, "gpu_allocated_idle_seconds_total")
+    allocated = per_pod(values, "gpu_allocated_seconds_total")
+    scripted = {
+        "trainer": 0,  # the busy training job accrues none
+        "phases": 75,  # 15 s of every 20 s
+        "share-a": 40,  # the device's idle time, shared by both pods on it
+        "share-b": 40,
+        "mig-idle": 100,
+        "mig-busy": 0,
+        "notebook": 40,  # allocated from 30 s to 70 s, idle all along
+    }
+    assert set(idle) == set(scripted)
+    for pod, expected in scripted.items():
+        assert idle[pod] == pytest.approx(expected, abs=SAMPLE_INTERVAL), pod
+        assert idle[pod] <= allocated[pod]
+    assert allocated["trainer"] == pytest.approx(SECONDS, abs=SAMPLE_INTERVAL)
+    assert allocated["notebook"] == pytest.approx(40, abs=SAMPLE_INTERVAL)
+    streak = per_pod(values, "gpu_allocation_idle_streak_seconds")
+    assert streak["mig-idle"] == pytest.approx(SECONDS, abs=SAMPLE_INTERVAL)
+    assert streak["trainer"] == 0
+    assert "notebook" not in streak  # released: no current streak
+    allocated_flags = named(values, "gpu_allocated")
+    assert len(allocated_flags) == 6  # 4 whole GPUs and 2 MIG instances (GPU 3 is not one)
+    assert sum(allocated_flags.values()) == 5  # the notebook's GPU 4 is free again
+
+
+async def test_memory_and_holders_through_the_simulated_host(rig: Rig) -> None:
+    await run(rig, 35)  # the notebook arrives at 30 s
+    await rig.kubelet.refresh()
+    await rig.subsystem.scan_processes()
+    memory = per_pod(series(rig.subsystem.samples()), "gpu_container_memory_used_bytes")
+    assert memory == {
+        "trainer": 10 * 2**30,
+        "phases": 0,  # the scenario gives it no memory: a known 0, not a missing figure
+        "share-a": 3 * 2**30,
+        "mig-idle": 0,
+        "mig-busy": 0,
+        "notebook": 2**30,
+    }
+    share_gpu = rig.node.gpus[2].uuid
+    now = rig.subsystem._wall_clock()
+    assert rig.subsystem.holder(share_gpu, now, None) is None  # two pods share it
+    assert rig.subsystem.holder(share_gpu, now, 1003) == ("web", "share-a")
+    assert rig.subsystem.holder(rig.node.gpus[0].uuid, now, None) == ("ml", "trainer")
+    mig_gpu = rig.node.gpus[3]
+    assert rig.subsystem.holder(mig_gpu.migs[0].uuid, now, None) == ("batch", "mig-idle")
+
+
+@pytest.mark.parametrize("node", [None], indirect=True, ids=["builtin"])
+async def test_builtin_scenario(rig: Rig) -> None:
+    rig.sample()
+    await rig.subsystem.poll()
+    rig.subsystem.update()
+    await run(rig, 60)
+    values = series(rig.subsystem.samples())
+    idle = per_pod(values, "gpu_allocated_idle_seconds_total")
+    allocated = per_pod(values, "gpu_allocated_seconds_total")
+    # The idle notebook accrues one second of idle time per second; the training job none.
+    assert idle["jupyter-alice"] == pytest.approx(60, abs=SAMPLE_INTERVAL)
+    assert idle["jupyter-alice"] == pytest.approx(allocated["jupyter-alice"], abs=SAMPLE_INTERVAL)
+    assert idle["llama-pretrain-0"] == 0
+    assert allocated["llama-pretrain-0"] == pytest.approx(60, abs=SAMPLE_INTERVAL)  # per GPU
+    assert idle["jupyter-bob"] == pytest.approx(60, abs=SAMPLE_INTERVAL)  # an idle MIG instance
+    assert idle["finetune-small"] == 0
+    # The time-sliced inference GPU: both pods see the device's idle time.
+    assert idle["llm-serve-a"] == idle["llm-serve-b"]
+    assert 0 < idle["llm-serve-a"] < 60
+    info = named(values, "gpu_allocation_info")
+    assert len(info) == 10
+    assert sum(named(values, "gpu_allocated").values()) == 9  # GPUs 0-5, 3 of 4 MIG; GPU 7 free
