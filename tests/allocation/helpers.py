@@ -10,6 +10,7 @@ from gpu_exporter.allocation.podresources import ContainerDevices
 from gpu_exporter.allocation.server import KubeletState, PodResourcesServer
 from gpu_exporter.devices import Device, DeviceId
 from gpu_exporter.exposition import Sample, render
+from tests.helpers import ManualClock
 
 UUID_A = "GPU-aaaaaaaa-0000-4000-8000-000000000000"  # whole GPU with GPM
 UUID_B = "GPU-bbbbbbbb-0000-4000-8000-000000000000"  # MIG mode
@@ -37,15 +38,7 @@ def devices() -> list[Device]:
     return [Device(device_id, handle=None) for device_id in INVENTORY]
 
 
-class FakeClock:
-    def __init__(self, start: float = 1000.0) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
+FakeClock = ManualClock  # one manual clock for every test (tests/helpers.py)
 
 
 @dataclass
