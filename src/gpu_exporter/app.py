@@ -10,17 +10,19 @@ from collections.abc import Iterable
 from contextlib import suppress
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from .allocation import AllocationSubsystem
 from .config import Config
 from .logs import get_logger
 from .nvml import WorkerPool
 from .sampler import Sampler
 from .server import make_web_app
 from .xid import XidSubsystem
+
+if TYPE_CHECKING:  # imported when built: grpc costs ~17 MB RSS, not paid with --no-allocation
+    from .allocation import AllocationSubsystem
 
 _log = get_logger("app")
 DEFAULT_KMSG = Path("/dev/kmsg")
@@ -140,6 +142,8 @@ def _simulated_kubelet(simulation: Any) -> Any:
 def _build_allocation(
     config: Config, sampler: Sampler, pool: WorkerPool, kubelet: Any
 ) -> AllocationSubsystem:
+    from .allocation import AllocationSubsystem
+
     socket, proc, logs = config.pod_resources_socket, config.proc_path, config.pod_logs_path
     if kubelet is not None:
         socket, proc, logs = kubelet.socket_path, kubelet.proc_path, kubelet.pod_logs_path

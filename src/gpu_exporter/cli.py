@@ -310,6 +310,10 @@ def run(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = N
     except UsageError as exc:
         return _fail(str(exc), EXIT_USAGE)
     configure_logging(config.log_format, config.log_level)
+    # Worker threads run Python (pynvml's wrappers, the collectors) between NVML calls; at the
+    # default 5 ms switch interval the event loop can wait that long for the GIL on every scrape
+    # that lands during a sampling round (bench/: p99 at 8 scrapers fell 1.5-4x with 0.5 ms).
+    sys.setswitchinterval(0.0005)
     try:
         exporter = build_exporter(config)
         asyncio.run(run_until_signalled(exporter))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import suppress
@@ -104,7 +105,7 @@ class JobOutcome:
 class _Pending:
     """What to do with submitted work when it finishes, or when the round gives up on it."""
 
-    finished: Callable[[asyncio.Future[Any]], None]
+    finished: Callable[[concurrent.futures.Future[Any]], None]
     late: Callable[[], None]
 
 
@@ -335,7 +336,7 @@ class Sampler:
 
     async def _round(self, cadence: Cadence, interval: float) -> None:
         """Submit this cadence's work, wait a bounded time, then settle what finished or hung."""
-        work: dict[asyncio.Future[Any], _Pending] = {}
+        work: dict[concurrent.futures.Future[Any], _Pending] = {}
         if cadence is Cadence.FAST:
             self._submit_probes(work)
         else:
@@ -343,16 +344,35 @@ class Sampler:
         self._submit_jobs(cadence, work)
         if not work:
             return
-        done, late = await asyncio.wait(work, timeout=min(self._config.nvml_timeout, interval))
-        for future in done:
-            work[future].finished(future)
-        for future in late:
-            work[future].late()
+        # Wake the event loop once, when the last piece of work finishes, not once per job: a
+        # per-job asyncio future costs a self-pipe write, a loop iteration and a GIL hand-off.
+        loop = asyncio.get_running_loop()
+        all_done: asyncio.Future[None] = loop.create_future()
+        remaining = len(work)
+        lock = threading.Lock()
+
+        def one_done(_: concurrent.futures.Future[Any]) -> None:
+            nonlocal remaining
+            with lock:
+                remaining -= 1
+                last = remaining == 0
+            if last:
+                loop.call_soon_threadsafe(_resolve, all_done)
+
+        for future in list(work):
+            future.add_done_callback(one_done)
+        with suppress(TimeoutError):
+            await asyncio.wait_for(all_done, min(self._config.nvml_timeout, interval))
+        for future, pending in work.items():
+            if future.done():
+                pending.finished(future)
+            else:
+                pending.late()
 
     def _submit(
         self,
         fn: Callable[[], Any],
-        work: dict[asyncio.Future[Any], _Pending],
+        work: dict[concurrent.futures.Future[Any], _Pending],
         pending: _Pending,
     ) -> concurrent.futures.Future[Any] | None:
         try:
@@ -360,13 +380,12 @@ class Sampler:
         except PoolExhausted as exc:
             self._log_once(("pool",), "work not started", error=str(exc))
             return None
-        wrapped = asyncio.wrap_future(future)
-        # Abandoned work may finish (or fail) long after its round: consume its outcome.
-        wrapped.add_done_callback(_consume)
-        work[wrapped] = pending
+        work[future] = pending
         return future
 
-    def _submit_jobs(self, cadence: Cadence, work: dict[asyncio.Future[Any], _Pending]) -> None:
+    def _submit_jobs(
+        self, cadence: Cadence, work: dict[concurrent.futures.Future[Any], _Pending]
+    ) -> None:
         for state in self._gpus:
             if not state.up:
                 continue
@@ -385,7 +404,9 @@ class Sampler:
                 if job.future is None:
                     job.ok = False
 
-    def _finish(self, state: GpuState, job: Job, future: asyncio.Future[JobOutcome]) -> None:
+    def _finish(
+        self, state: GpuState, job: Job, future: concurrent.futures.Future[JobOutcome]
+    ) -> None:
         exc = future.exception()
         if isinstance(exc, DeviceLost):
             self._mark_lost(state, exc)
@@ -449,7 +470,7 @@ class Sampler:
         state.next_probe = self._clock() + state.backoff
         state.backoff = min(state.backoff * 2, MAX_PROBE_BACKOFF)
 
-    def _submit_probes(self, work: dict[asyncio.Future[Any], _Pending]) -> None:
+    def _submit_probes(self, work: dict[concurrent.futures.Future[Any], _Pending]) -> None:
         now = self._clock()
         for state in self._gpus:
             busy = state.discovery is not None and not state.discovery.done()
@@ -461,7 +482,7 @@ class Sampler:
                 _Pending(partial(self._probe_result, state), partial(self._probe_late, state)),
             )
 
-    def _probe_result(self, state: GpuState, future: asyncio.Future[Gpu]) -> None:
+    def _probe_result(self, state: GpuState, future: concurrent.futures.Future[Gpu]) -> None:
         if future.exception() is not None:
             self._schedule_probe(state)
             return
@@ -481,7 +502,7 @@ class Sampler:
         if state.discovery is not None:
             self._pool.abandon(state.discovery)
 
-    def _submit_inventory(self, work: dict[asyncio.Future[Any], _Pending]) -> None:
+    def _submit_inventory(self, work: dict[concurrent.futures.Future[Any], _Pending]) -> None:
         """Rediscover each GPU so a MIG reconfiguration is picked up (applied when it returns)."""
         for state in self._gpus:
             busy = state.discovery is not None and not state.discovery.done()
@@ -496,7 +517,9 @@ class Sampler:
                 ),
             )
 
-    def _apply_inventory(self, state: GpuState, previous: Gpu, future: asyncio.Future[Gpu]) -> None:
+    def _apply_inventory(
+        self, state: GpuState, previous: Gpu, future: concurrent.futures.Future[Gpu]
+    ) -> None:
         exc = future.exception()
         if isinstance(exc, DeviceLost) and state.up:
             self._mark_lost(state, exc)
@@ -611,6 +634,6 @@ def _run(job: Job) -> JobOutcome:
     return JobOutcome(writer.samples, time.perf_counter() - started, list(job.calls.failures))
 
 
-def _consume(future: asyncio.Future[Any]) -> None:
-    if not future.cancelled():
-        future.exception()
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)

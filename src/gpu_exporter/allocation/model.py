@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..devices import DeviceId
 from .ids import is_gpu_resource, parse_device_id, resolve, schedulable
-from .podresources import PodResourcesSnapshot
+
+if TYPE_CHECKING:  # grpc is imported only when the allocation subsystem is built
+    from .podresources import PodResourcesSnapshot
 
 PodKey = tuple[str, str]  # (namespace, pod)
 

@@ -122,6 +122,7 @@ class SimulatedNode:
         self._clock = clock
         self._t0 = clock()
         self._last = 0.0
+        self._integrated = [0.0] * len(self.gpus)  # per GPU: counters are integrated up to here
         self.library = FakeNvmlLibrary(self)
         self.advance()
 
@@ -131,30 +132,33 @@ class SimulatedNode:
         """Seconds of simulated time since the node was built."""
         return max(self._clock() - self._t0, self._last)
 
-    def advance(self, *, integrate: bool = True) -> float:
+    def advance(self, *, integrate: bool = True, gpu: GpuDevice | None = None) -> float:
         """Apply every timeline event whose time has come; returns the current time.
 
         Counters (activity integrals, energy, clock-event time) are brought up to now unless
         ``integrate`` is false: integration is additive, so callers that only read instantaneous
-        values can skip it and the next integrating call catches up exactly.
+        values can skip it and the next integrating call catches up exactly. With ``gpu``, only
+        that GPU is brought up to now (a read of one device need not integrate all of them).
         """
         with self.lock:
             t = self.now()
             while self._timeline and self._timeline[0][0] <= t:
                 at, _, event = heapq.heappop(self._timeline)
-                self._integrate_to(at)
+                self._integrate_to(at)  # events change state: everything catches up first
                 self._apply(event, at)
                 if event.repeat:
                     self._schedule(event, at + event.repeat)
             if integrate:
-                self._integrate_to(t)
+                self._integrate_to(t, gpu)
             return t
 
-    def _integrate_to(self, t: float) -> None:
-        if t > self._last:
-            for gpu in self.gpus:
-                gpu.advance(self._last, t)
-            self._last = t
+    def _integrate_to(self, t: float, only: GpuDevice | None = None) -> None:
+        for gpu in self.gpus if only is None else (only,):
+            since = self._integrated[gpu.index]
+            if t > since:
+                gpu.advance(since, t)
+                self._integrated[gpu.index] = t
+        self._last = max(self._last, t)
 
     def _schedule(self, event: EventSpec, at: float) -> None:
         heapq.heappush(self._timeline, (at, next(self._sequence), event))

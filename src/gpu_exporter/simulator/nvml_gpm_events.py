@@ -91,7 +91,7 @@ class GpmEventFunctions(FunctionsBase):
 
     def _record(self, device: Device, sample: Any) -> int:
         key = self._sample_key(sample)
-        self.node.advance()
+        self.node.advance(gpu=device.gpu)
         acc = device.acc
         integrals = {
             "sm": acc.sm,

@@ -101,7 +101,7 @@ class TelemetryFunctions(FunctionsBase):
 
     def nvmlDeviceGetTotalEnergyConsumption(self, handle: Any, energy: Any) -> int:
         gpu = self.gpu(handle)
-        self.node.advance()
+        self.node.advance(gpu=gpu)
         out(energy).value = int(1000 * gpu.energy_j)
         return SUCCESS
 
@@ -161,7 +161,7 @@ class TelemetryFunctions(FunctionsBase):
 
     def nvmlDeviceGetFieldValues(self, handle: Any, count: Any, values: Any) -> int:
         device = self.device(handle)
-        self.node.advance()
+        self.node.advance(gpu=device.gpu)
         array = out(values)
         stamp = int(time.time() * 1_000_000)
         for i in range(int(val(count))):
