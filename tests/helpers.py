@@ -57,6 +57,7 @@ class SimulatedSampler:
     sampler: Sampler
     node: SimulatedNode
     clock: ManualClock
+    sampler_pool: WorkerPool
 
     async def fast_round(self, seconds: float = 1.0) -> Series:
         self.clock.advance(seconds)
@@ -89,7 +90,7 @@ async def simulated_sampler(scenario: str, **config: Any) -> AsyncIterator[Simul
     sampler = Sampler(make_config(**config), pool, clock=clock)
     try:
         await sampler.start(background=False)
-        yield SimulatedSampler(sampler, node, clock)
+        yield SimulatedSampler(sampler, node, clock, pool)
     finally:
         await sampler.stop()
         pool.shutdown()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from tests.helpers import one, select, simulated_sampler
@@ -45,7 +47,7 @@ async def test_a_lost_gpu_goes_down_alone_and_comes_back_after_a_reset() -> None
 
 
 async def test_a_hung_call_fails_its_collector_on_that_gpu_only() -> None:
-    async with simulated_sampler(THREE_BUSY_GPUS, nvml_timeout=0.2) as sim:
+    async with simulated_sampler(THREE_BUSY_GPUS, nvml_timeout=0.5) as sim:
         first = await sim.fast_round()
         sim.inject({"type": "hang", "gpu": 1, "function": "nvmlDeviceGetPowerUsage"})
         hung = await sim.fast_round()
@@ -68,7 +70,7 @@ async def test_a_hung_call_fails_its_collector_on_that_gpu_only() -> None:
         assert energy(still_hung, "1") == energy(hung, "1") == energy(first, "1")
 
         sim.inject({"type": "unhang", "gpu": 1, "function": "nvmlDeviceGetPowerUsage"})
-        await sim.fast_round()
+        assert await asyncio.to_thread(sim.sampler_pool.wait_for_abandoned, 10.0)
         recovered = await sim.fast_round()
         assert one(recovered, "gpu_exporter_collector_success", collector="power") == 1
         assert one(recovered, "gpu_exporter_nvml_hung_calls") == 0

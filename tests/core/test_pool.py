@@ -42,10 +42,13 @@ def test_abandoning_a_hung_job_keeps_the_pool_serving() -> None:
         assert started.wait(5)
         pool.abandon(hung)
         assert pool.abandoned_count == 1
+        assert not pool.wait_for_abandoned(0.01), "the hung call has not returned yet"
         # The only original worker is stuck; the replacement serves new work.
         assert pool.submit(lambda: "fresh").result(timeout=5) == "fresh"
         release.set()
+        assert pool.wait_for_abandoned(5)
         assert hung.result(timeout=5) == "late"
+        assert pool.abandoned_count == 0
     finally:
         release.set()
         pool.shutdown()

@@ -13,7 +13,7 @@ from .kustomize import Resource
 # Feature-off component -> what it must take away: host paths, capabilities, exporter variables.
 FEATURE_GRANTS: dict[str, dict[str, set[str]]] = {
     "no-kmsg": {
-        "hostPath": {"/dev/kmsg"},
+        "hostPath": set(),  # the kernel log is read through syslog(2): no device is mounted
         "capability": {"SYSLOG"},
         "env": {"GPU_EXPORTER_KMSG_PATH"},
         "adds": {"GPU_EXPORTER_KMSG=false"},  # the exporter is told, so the source is off

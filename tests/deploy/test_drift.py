@@ -47,7 +47,6 @@ HOST_MOUNTS: dict[str, tuple[str, str, str, str, bool]] = {
         "parent",
         True,
     ),
-    "kmsg": ("/dev/kmsg", "--kmsg-path", "kmsg_path", "same", True),
     "host-proc": ("/proc", "--proc-path", "proc_path", "same", True),
     "state": ("/var/lib/gpu-exporter", "--state-dir", "state_dir", "same", False),
     "pod-logs": ("/var/log/pods", "--pod-logs-path", "pod_logs_path", "same", True),
@@ -179,12 +178,19 @@ def test_path_settings_are_dropped_with_their_mount(variants: dict[str, list[Res
                 assert volume in volumes, f"{name}: {variable} is set but {volume} is not mounted"
 
 
-def test_the_kernel_log_is_read_exactly_when_it_is_mounted(
+def test_the_kernel_log_is_read_exactly_when_it_can_be(
     variants: dict[str, list[Resource]],
 ) -> None:
+    """The kernel log is read through syslog(2), which needs CAP_SYSLOG and no device: the
+    source is on exactly where the capability is granted (or the pod is privileged)."""
     for name, resources in variants.items():
-        mounted = "kmsg" in host_path_volumes(resources)
-        assert config_of(resources).kmsg is mounted, f"{name}: --kmsg without /dev/kmsg or back"
+        security = container(resources)["securityContext"]
+        granted = "SYSLOG" in security["capabilities"].get("add", []) or security["privileged"]
+        config = config_of(resources)
+        assert config.kmsg is granted, f"{name}: --kmsg without CAP_SYSLOG or back"
+        assert "kmsg" not in host_path_volumes(resources), f"{name}: syslog(2) needs no device"
+        if config.kmsg:
+            assert config.kmsg_path == Path("/dev/kmsg"), f"{name}: only the default falls back"
 
 
 def test_service_and_monitor_use_the_container_port(base: list[Resource]) -> None:

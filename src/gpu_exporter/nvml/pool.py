@@ -30,6 +30,7 @@ class WorkerPool:
         self._name = name
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
+        self._released = threading.Condition(self._lock)  # an abandoned call returned
         self._abandoned: set[concurrent.futures.Future[Any]] = set()
         self._threads: list[threading.Thread] = []
         self._closed = False
@@ -40,6 +41,11 @@ class WorkerPool:
     def abandoned_count(self) -> int:
         with self._lock:
             return len(self._abandoned)
+
+    def wait_for_abandoned(self, timeout: float) -> bool:
+        """Block until every abandoned call has returned; False if some are still stuck."""
+        with self._released:
+            return self._released.wait_for(lambda: not self._abandoned, timeout)
 
     def submit(self, fn: Callable[[], T]) -> concurrent.futures.Future[T]:
         with self._lock:
@@ -98,5 +104,6 @@ class WorkerPool:
                 self._abandoned.discard(future)
                 if was_abandoned:
                     self._threads.remove(threading.current_thread())
+                    self._released.notify_all()
             if was_abandoned:
                 return  # a replacement took this worker's place while it was stuck

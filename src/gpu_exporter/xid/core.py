@@ -43,6 +43,8 @@ class HolderLookup(Protocol):
 
 # Where a kernel-log record sits: (boot id, seq, wall time of usec 0, file key, end offset).
 KmsgPosition = tuple[str, int | None, float | None, str | None, int | None]
+# A kernel-log record's identity without a sequence number: (usec, text hash, occurrence).
+KmsgMark = tuple[int | None, str, int]
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,7 @@ class Observation:
     raw: str = ""
     details: Mapping[str, str] = field(default_factory=dict)
     kmsg: KmsgPosition | None = None
+    kmsg_mark: KmsgMark | None = None
 
     @property
     def dedup_key(self) -> str:
@@ -129,11 +132,21 @@ class XidCore:
         with self._lock:
             return self._state.boot_id, self._state.kmsg_seq, self._state.kmsg_offset
 
-    def kmsg_seen(self, position: KmsgPosition) -> bool:
+    def kmsg_seen(
+        self,
+        position: KmsgPosition,
+        usec: int | None = None,
+        digest: Callable[[], str] | None = None,
+    ) -> bool:
         """Whether a replayed kernel-log record was handled before a restart."""
         boot_id, seq, _offset, file_key, file_end = position
         with self._lock:
-            return self._state.kmsg_seen(boot_id, seq, file_key, file_end)
+            return self._state.kmsg_seen(boot_id, seq, file_key, file_end, usec, digest)
+
+    def kmsg_replay_start(self, boot_id: str, marks: list[KmsgMark]) -> int:
+        """The index of the first record not handled before in a whole syslog(2) buffer."""
+        with self._lock:
+            return self._state.replay_start(boot_id, marks)
 
     # -- events --------------------------------------------------------------------------------
 
@@ -183,10 +196,15 @@ class XidCore:
     def _decide(self, obs: Observation, labels: CountKey) -> Op:
         position = list(obs.kmsg) if obs.kmsg is not None else None
         twin = self._state.find_twin(obs.dedup_key, obs.xid, obs.when, obs.channel, self._window)
+        op: Op
         if twin is not None:
-            return {"op": "dup", "r": twin, "c": obs.channel, "k": position}
-        recent = [self._state.next_id, obs.dedup_key, [obs.channel]]
-        return {"op": "count", "l": list(labels), "w": obs.when, "r": recent, "k": position}
+            op = {"op": "dup", "r": twin, "c": obs.channel, "k": position}
+        else:
+            recent = [self._state.next_id, obs.dedup_key, [obs.channel]]
+            op = {"op": "count", "l": list(labels), "w": obs.when, "r": recent, "k": position}
+        if obs.kmsg_mark is not None:
+            op["m"] = list(obs.kmsg_mark)
+        return op
 
     def _latch_ops(self, obs: Observation, labels: CountKey) -> list[Op]:
         if labels[3] != "hardware" or not obs.gpu_uuid:
@@ -294,6 +312,8 @@ def _log_xid(obs: Observation, labels: CountKey) -> None:
         fields["details"] = dict(obs.details)
     if obs.kmsg is not None:
         fields["boot_id"], fields["seq"] = obs.kmsg[0], obs.kmsg[1]
+    if obs.kmsg_mark is not None and obs.kmsg_mark[0] is not None:
+        fields["kernel_usec"] = obs.kmsg_mark[0]
     if not uuid:
         fields["unmatched_bus_id"] = True
     getattr(_log, _LEVEL_BY_CLASS.get(xid_class, "warning"))("xid", **fields)

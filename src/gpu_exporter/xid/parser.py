@@ -1,4 +1,5 @@
-"""Parsing of kernel log records (``/dev/kmsg`` format) and of NVIDIA driver Xid lines.
+"""Parsing of kernel log records (``/dev/kmsg`` format, and the text that the ``syslog(2)``
+system call returns) and of NVIDIA driver Xid lines.
 
 Everything here is pure and total: any input (bytes from a file, a FIFO or the kernel) yields a
 result or ``None``, never an exception, because one odd line must not stop the reader thread.
@@ -8,12 +9,17 @@ on ``Xid (<bus id>[ GPU-I:NN]): <code>`` and reads everything after it loosely.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass, field
 
 # `<prefix>,<seq>,<usec>,<flags>[,more];<message>`: unknown extra comma fields are allowed.
 _KMSG_HEADER = re.compile(rb"^(\d{1,10}),(\d{1,20}),(\d{1,20}),([^,;]*)(?:,[^;]*)?;")
 _ESCAPE = re.compile(rb"\\x([0-9a-fA-F]{2})")
+# syslog(2) READ_ALL text: `<prefix>[optional "[sssss.uuuuuu]"][optional caller "[T123]"] message`.
+_SYSLOG_PREFIX = re.compile(rb"^<(\d{1,10})>")
+_SYSLOG_TIME = re.compile(rb"\[\s*(\d{1,12})\.(\d{6})\]")
+_SYSLOG_CALLER = re.compile(rb"\[\s*[TC]\s*\d{1,10}\]")
 
 # "SXid" (NVSwitch) must not match: require a non-letter before "Xid".
 _XID = re.compile(
@@ -108,6 +114,83 @@ def parse_record(data: bytes) -> KmsgRecord | None:
         facility=prefix >> 3,
         continuation="c" in match.group(4).decode("ascii", errors="replace"),
     )
+
+
+def parse_syslog_line(line: bytes) -> KmsgRecord | None:
+    """One line of ``syslog(2)`` (``klogctl``) READ_ALL output, e.g.
+    ``<3>[ 1234.567890] NVRM: Xid ...``: priority prefix, then the printk timestamp (absent with
+    ``printk.time=0``) and the caller id (only with ``CONFIG_PRINTK_CALLER``).
+
+    Returns None for a line without the ``<N>`` prefix: a continuation of the previous record
+    (see :func:`parse_syslog`). ``seq`` is always None: this interface has no sequence numbers.
+    """
+    line = line.rstrip(b"\r")
+    match = _SYSLOG_PREFIX.match(line)
+    if match is None:
+        return None
+    prefix = int(match.group(1))
+    pos = match.end()
+    usec: int | None = None
+    separated = False
+    stamp = _SYSLOG_TIME.match(line, pos)
+    if stamp is not None:
+        usec = int(stamp.group(1)) * 1_000_000 + int(stamp.group(2))
+        pos, separated = stamp.end(), True
+    caller = _SYSLOG_CALLER.match(line, pos)
+    if caller is not None:
+        pos, separated = caller.end(), True
+    if separated and line[pos : pos + 1] == b" ":
+        pos += 1  # the one space the kernel puts after the timestamp / caller id
+    return KmsgRecord(
+        message=line[pos:].decode("utf-8", errors="replace"),
+        usec=usec,
+        priority=prefix & 7,
+        facility=prefix >> 3,
+    )
+
+
+def parse_syslog(data: bytes) -> list[tuple[KmsgRecord, bytes]]:
+    """Every record in a chunk of ``syslog(2)`` text, with the raw bytes of its first line.
+
+    A line without the ``<N>`` prefix continues the record before it (an unterminated
+    ``KERN_CONT`` fragment, printed by older kernels without a prefix) and is appended to its
+    message; one at the very start of the chunk stands alone (no priority, no timestamp). Empty
+    lines are skipped; the text after the last newline is ignored (the kernel ends every line).
+    """
+    out: list[tuple[KmsgRecord, bytes]] = []
+    lines = data.split(b"\n")
+    lines.pop()  # after the last newline: empty, or a fragment
+    for line in lines:
+        if not line:
+            continue
+        record = parse_syslog_line(line)
+        if record is not None:
+            out.append((record, line))
+            continue
+        text = line.rstrip(b"\r").decode("utf-8", errors="replace")
+        if out:
+            previous, first = out[-1]
+            out[-1] = (
+                KmsgRecord(
+                    message=previous.message + text,
+                    usec=previous.usec,
+                    priority=previous.priority,
+                    facility=previous.facility,
+                ),
+                first,
+            )
+        else:
+            out.append((KmsgRecord(message=text), line))
+    return out
+
+
+def text_hash(message: str) -> str:
+    """A short stable digest of a record's text (part of its identity without a sequence number).
+
+    Computed on the decoded message's first line, so ``/dev/kmsg`` (escaped, a multi-line record
+    in one) and ``syslog(2)`` (raw, one line each, each with the record's timestamp) agree."""
+    first = message.partition("\n")[0]
+    return hashlib.blake2b(first.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
 
 
 def normalize_bus_id(text: str) -> str | None:

@@ -5,12 +5,14 @@ op: a small JSON-able dict. The live path applies an op and appends it to the jo
 replays the journal's ops onto the last snapshot with the same :meth:`XidState.apply`, so the
 state after a crash is exactly the state before it, up to the last op written. An op carries the
 kernel-log position (boot id, sequence number) of the record it came from together with its
-count, so "counted" and "seen" can never disagree after a crash.
+count, so "counted" and "seen" can never disagree after a crash. A kernel-log op also carries the
+record's *mark* (``"m"``: printk usec, text hash, occurrence), the identity syslog(2) records have
+instead of a sequence number; an older exporter ignores the key.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,21 +60,65 @@ class XidState:
     kmsg_offset: float | None = None  # wall time of usec 0 in ``boot_id``, as last anchored
     kmsg_file: str = ""  # a regular file standing in for /dev/kmsg: "device:inode"
     kmsg_file_pos: int = -1  # end offset of the last record handled in that file
+    # The latest kernel-log record handled in ``boot_id`` as [usec | None, text hash, occurrence]:
+    # where a restart reading syslog(2), which has no sequence numbers, resumes.
+    kmsg_mark: list[Any] | None = None
     next_id: int = 1
     op_number: int = 0  # the last op applied (ops numbered in the journal)
 
     # -- queries -------------------------------------------------------------------------
 
     def kmsg_seen(
-        self, boot_id: str, seq: int | None, file_key: str | None, file_end: int | None
+        self,
+        boot_id: str,
+        seq: int | None,
+        file_key: str | None,
+        file_end: int | None,
+        usec: int | None = None,
+        digest: Callable[[], str] | None = None,
     ) -> bool:
         """Whether a replayed record was handled before: by file offset for a regular file (a
-        file outlives reboots and may have several writers), else by (boot id, seq)."""
+        file outlives reboots and may have several writers), else by (boot id, seq).
+
+        For ``/dev/kmsg`` (no file key), a record at or before the mark also counts as seen: the
+        records a syslog(2) run handled since the last sequence number (``usec``, and ``digest``
+        for the record's text hash, compared on a timestamp tie)."""
         if file_key is not None and file_end is not None and file_key == self.kmsg_file:
             return file_end <= self.kmsg_file_pos
         if seq is None:
             return True  # no identity: history cannot be told from news, so it is not counted
-        return boot_id == self.boot_id and seq <= self.kmsg_seq
+        if boot_id != self.boot_id:
+            return False
+        if seq <= self.kmsg_seq:
+            return True
+        mark = self.kmsg_mark
+        if file_key is not None or mark is None or mark[0] is None or usec is None:
+            return False
+        return usec < mark[0] or (usec == mark[0] and digest is not None and digest() == mark[1])
+
+    def replay_start(self, boot_id: str, marks: Sequence[Sequence[Any]]) -> int:
+        """Where new records start in a whole-buffer syslog(2) read of this boot (``marks`` in
+        buffer order): after the record of the stored mark. See docs/xid.md ("Restarts")."""
+        if boot_id != self.boot_id:
+            return 0
+        mark = self.kmsg_mark
+        if mark is None:
+            # Nothing handled in this boot; or only /dev/kmsg by an exporter that kept no marks:
+            # then the buffer cannot be aligned, and history is not counted twice.
+            return 0 if self.kmsg_seq < 0 else len(marks)
+        wanted = (mark[0], mark[1], mark[2])
+        for index in range(len(marks) - 1, -1, -1):
+            if tuple(marks[index]) == wanted:
+                return index + 1
+        usec, digest = mark[0], mark[1]
+        if usec is None:
+            return len(marks)  # no timestamps and the record is gone: history cannot be told
+        # The record itself is gone (overwritten, or the buffer was cleared): by timestamp.
+        start = 0
+        for index, (other, other_digest, _occurrence) in enumerate(marks):
+            if other is not None and (other < usec or (other == usec and other_digest == digest)):
+                start = index + 1
+        return start
 
     def find_twin(self, key: str, xid: int, when: float, channel: str, window: float) -> int | None:
         """The id of a counted event this report duplicates, if any (see docs/xid.md)."""
@@ -109,6 +155,7 @@ class XidState:
         recent = op["r"]
         channels = {str(c) for c in recent[2]}
         self._kmsg(op.get("k"))
+        self._mark(op.get("m"))
         self.counts[labels] = self.counts.get(labels, 0.0) + 1.0
         last_key = labels[:4]
         self.last_seen[last_key] = max(when, self.last_seen.get(last_key, when))
@@ -119,6 +166,7 @@ class XidState:
     def _dup(self, op: Mapping[str, Any]) -> None:
         target, channel = int(op["r"]), str(op["c"])
         self._kmsg(op.get("k"))
+        self._mark(op.get("m"))
         for recent in self.recent:
             if recent.id == target:
                 recent.channels.add(channel)
@@ -142,6 +190,7 @@ class XidState:
         self.boot_id = str(op["b"])
         self.kmsg_seq = -1
         self.kmsg_offset = None
+        self.kmsg_mark = None
         self.latches.clear()
 
     def _kmsg(self, position: Any) -> None:
@@ -150,7 +199,7 @@ class XidState:
             return
         boot_id, seq, offset, file_key, file_end = position
         if str(boot_id) != self.boot_id:
-            self.boot_id, self.kmsg_seq = str(boot_id), -1
+            self.boot_id, self.kmsg_seq, self.kmsg_mark = str(boot_id), -1, None
         if seq is not None:
             self.kmsg_seq = max(self.kmsg_seq, int(seq))
         if offset is not None:
@@ -159,6 +208,13 @@ class XidState:
             if str(file_key) != self.kmsg_file:
                 self.kmsg_file, self.kmsg_file_pos = str(file_key), -1
             self.kmsg_file_pos = max(self.kmsg_file_pos, int(file_end))
+
+    def _mark(self, mark: Any) -> None:
+        """``[usec | None, text hash, occurrence]`` of the record (after ``_kmsg``: same boot)."""
+        if mark is None:
+            return
+        usec, digest, occurrence = mark
+        self.kmsg_mark = [None if usec is None else int(usec), str(digest), int(occurrence)]
 
     def _prune(self, newest: float) -> None:
         horizon = newest - RECENT_HORIZON_S
@@ -177,6 +233,7 @@ class XidState:
             "kmsg_offset": self.kmsg_offset,
             "kmsg_file": self.kmsg_file,
             "kmsg_file_pos": self.kmsg_file_pos,
+            "kmsg_mark": self.kmsg_mark,
             "next_id": self.next_id,
             "counts": [[*key, value] for key, value in self.counts.items()],
             "last_seen": [[*key, value] for key, value in self.last_seen.items()],
@@ -208,6 +265,7 @@ class XidState:
             next_id=int(data["next_id"]),
             op_number=int(data["n"]),
         )
+        state._mark(data.get("kmsg_mark"))  # absent in snapshots written before marks
         for row in data["counts"]:
             state.counts[_count_key(row[:7])] = float(row[7])
         for row in data["last_seen"]:

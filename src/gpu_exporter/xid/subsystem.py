@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import re
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -26,15 +27,23 @@ from .core import (
     SOURCE_KMSG,
     SOURCE_NVML,
     HolderLookup,
+    KmsgMark,
     KmsgPosition,
     Observation,
     Published,
     XidCore,
 )
 from .journal import Journal
-from .kmsg import Batch, KmsgReader
+from .kmsg import SYSLOG_POLL_S, Batch, Klogctl, KmsgReader, ReadAll
 from .nvml_events import Inventory, NvmlEventThread
-from .parser import FallenOffBusTracker, KmsgRecord, XidLine, normalize_bus_id, parse_xid
+from .parser import (
+    FallenOffBusTracker,
+    KmsgRecord,
+    XidLine,
+    normalize_bus_id,
+    parse_xid,
+    text_hash,
+)
 from .state import REASONS
 
 XID_ERRORS = counter(
@@ -95,6 +104,10 @@ class XidSubsystem:
 
     Raises :class:`~gpu_exporter.xid.classes.XidClassesError` at construction for a bad
     ``classes_path`` file.
+
+    ``kmsg_path`` ``/dev/kmsg`` falls back to the ``syslog(2)`` system call when the device
+    cannot be opened (EPERM, EACCES, ENOENT); ``syslog:`` reads through ``syslog(2)`` only.
+    ``syslog`` replaces the ``klogctl`` call (tests feed it buffers).
     """
 
     families: Sequence[Family] = FAMILIES
@@ -118,6 +131,8 @@ class XidSubsystem:
         nvml_grace: float = 0.3,
         classifier: Classifier | None = None,
         on_change: Callable[[], None] | None = None,
+        syslog: ReadAll | None = None,
+        syslog_poll: float = SYSLOG_POLL_S,
     ) -> None:
         self.classifier = classifier or load_classifier(classes_path)
         self._devices = devices
@@ -131,6 +146,8 @@ class XidSubsystem:
         self._nvml_wait_ms = nvml_wait_ms
         self._nvml_grace = nvml_grace
         self._holder = holder
+        self._syslog = syslog
+        self._syslog_poll = syslog_poll
         self.core = XidCore(
             self.classifier, Journal(state_dir), holder=holder, window=dedup_window, clock=clock
         )
@@ -178,6 +195,8 @@ class XidSubsystem:
                 on_lost=self.core.note_lost_records,
                 poll_interval=self._poll,
                 clock=self._clock,
+                syslog=self._syslog or Klogctl(),
+                syslog_poll=self._syslog_poll,
             )
             self._kmsg.start()
         if self._nvml_enabled:
@@ -192,6 +211,7 @@ class XidSubsystem:
         _log.info(
             "xid capture started",
             kmsg_path=str(self._kmsg_path) if self._kmsg_path else None,
+            syslog_fallback=self._kmsg.syslog_fallback if self._kmsg else None,
             nvml_events=self._nvml_enabled,
             boot_id=self._boot_id,
         )
@@ -337,26 +357,60 @@ class XidSubsystem:
 
     def _on_kmsg(self, batch: Batch) -> None:
         observations = []
+        replay_start = 0
+        if batch.marks is not None and not batch.live:
+            # syslog(2): no sequence numbers; the journal's mark says where the last run stopped.
+            replay_start = self.core.kmsg_replay_start(self._boot_id, batch.marks)
+            if replay_start:
+                _log.info(
+                    "kernel log replay: records handled before a restart skipped",
+                    skipped=replay_start,
+                    records=len(batch.records),
+                )
         for index, record in enumerate(batch.records):
             position = self._position(batch, index, record)
-            if not batch.live and self.core.kmsg_seen(position):
+            if batch.marks is not None:
+                if index < replay_start:
+                    continue  # handled before a restart
+            elif not batch.live and self.core.kmsg_seen(
+                position, record.usec, functools.partial(text_hash, record.message)
+            ):
                 continue  # handled before a restart: the ring buffer (or file) replays it
             if batch.live and record.usec is not None:
                 self._offset = batch.arrival - record.usec / 1e6
             position = (*position[:2], self._offset, *position[3:])
             line = parse_xid(record.message) or self._tracker.feed(record.message)
             if line is not None:
-                observations.append(self._kmsg_observation(line, record, batch, position))
+                observation = self._kmsg_observation(
+                    line, record, batch, position, self._mark(batch, index, record)
+                )
+                observations.append(observation)
             elif "NVRM" in record.message and _XID_WORD.search(record.message):
                 self.core.note_unparsed(record.message)
         self.core.observe(observations)
+
+    @staticmethod
+    def _mark(batch: Batch, index: int, record: KmsgRecord) -> KmsgMark | None:
+        """The record's identity for a later syslog(2) replay: its own from syslog(2); from
+        /dev/kmsg (or a FIFO) its usec and text, so either mechanism resumes where the other
+        stopped. None for a regular file (identified by offset)."""
+        if batch.marks is not None:
+            return batch.marks[index]
+        if batch.file_key is not None or record.usec is None:
+            return None
+        return (record.usec, text_hash(record.message), 0)
 
     def _position(self, batch: Batch, index: int, record: KmsgRecord) -> KmsgPosition:
         end = batch.ends[index] if batch.ends is not None else None
         return (self._boot_id, record.seq, self._offset, batch.file_key, end)
 
     def _kmsg_observation(
-        self, line: XidLine, record: KmsgRecord, batch: Batch, position: KmsgPosition
+        self,
+        line: XidLine,
+        record: KmsgRecord,
+        batch: Batch,
+        position: KmsgPosition,
+        mark: KmsgMark | None,
     ) -> Observation:
         inventory = self._inventory
         gpu = inventory.by_bus.get(line.bus_id)
@@ -381,6 +435,7 @@ class XidSubsystem:
             raw=record.message,
             details=line.details,
             kmsg=position,
+            kmsg_mark=mark,
         )
 
     # -- the NVML event thread ---------------------------------------------------------------------
