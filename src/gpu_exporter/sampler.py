@@ -165,6 +165,10 @@ class Sampler:
         self._errors = ErrorCounter()
         self._log_limiter = RateLimiter(period=60.0, clock=clock)
         self._sources: list[SampleSource] = []
+        self._identity_cache: dict[DeviceId, Sample] = {}
+        self._collector_labels = {
+            c.name: label_string({"collector": c.name}) for c in self._collector_types
+        }
         self._listeners: list[DeviceListener] = []
         self._system: SystemInfo | None = None
         self._gpus: list[GpuState] = []
@@ -531,6 +535,7 @@ class Sampler:
             return
         _log.info("device layout changed", gpu=state.index, devices=len(list(gpu.devices())))
         self._close_jobs(state.jobs)
+        self._identity_cache.clear()  # rebuilt on the next render; drops vanished instances
         state.gpu, state.jobs = gpu, self._make_jobs(gpu)
 
     def _notify(self, event: str, gpu: DeviceId) -> None:
@@ -570,12 +575,11 @@ class Sampler:
         self._rendered.set()
 
     def _collect_samples(self) -> Iterator[Sample]:
-        driver = self._system.driver_version if self._system else ""
         yield identity.build_info(self._system)
         for state in self._gpus:
             if state.gpu is not None:
                 devices = state.gpu.devices() if state.up else iter((state.gpu.device,))
-                yield from identity.identity_samples(devices, driver)
+                yield from map(self._identity_sample, devices)
             yield identity.up_sample(state.up_labels, state.up)
         for state in self._gpus:
             for job in state.jobs:
@@ -584,6 +588,15 @@ class Sampler:
             yield from source.samples()
         yield from self._self_samples()
 
+    def _identity_sample(self, device: Device) -> Sample:
+        """``gpu_info``/``gpu_mig_info``, built once per device identity, not on every render."""
+        sample = self._identity_cache.get(device.id)
+        if sample is None:
+            driver = self._system.driver_version if self._system else ""
+            sample = next(identity.identity_samples((device,), driver))
+            self._identity_cache[device.id] = sample
+        return sample
+
     def _self_samples(self) -> Iterator[Sample]:
         now = self._clock()
         by_collector: dict[str, list[Job]] = {c.name: [] for c in self._collector_types}
@@ -591,7 +604,7 @@ class Sampler:
             for job in state.jobs:
                 by_collector[job.name].append(job)
         for name, jobs in by_collector.items():
-            labels = label_string({"collector": name})
+            labels = self._collector_labels[name]
             yield Sample(COLLECTOR_SUCCESS, labels, 1.0 if all(j.ok for j in jobs) else 0.0)
             yield Sample(COLLECTOR_DURATION, labels, sum(j.duration for j in jobs))
             ages = [now - (j.last_success or now) for j in jobs]
