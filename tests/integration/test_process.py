@@ -8,6 +8,8 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -128,3 +130,65 @@ def test_the_console_script_and_python_m_are_the_same_program() -> None:
     result = subprocess.run(exporter_command("--version"), capture_output=True, text=True)
     assert result.returncode == 0
     assert result.stdout.startswith("gpu-exporter ")
+
+
+def xid_count(port: int) -> float:
+    _, body = get(port, "/metrics")
+    total = 0.0
+    for line in body.splitlines():
+        if line.startswith("gpu_xid_errors_total{"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def wait_for_count(port: int, wanted: float, limit: float = 30.0) -> list[float]:
+    """Poll /metrics (a process boundary: no event to await) until the count reaches ``wanted``;
+    returns every value seen, so the caller can check it never overshot."""
+    seen = []
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        seen.append(xid_count(port))
+        if seen[-1] >= wanted:
+            return seen
+        time.sleep(0.05)
+    raise AssertionError(f"Xid count stuck at {seen[-1]}, wanted {wanted}")
+
+
+def test_kill_9_mid_stream_loses_no_xid_and_counts_none_twice(tmp_path: Path) -> None:
+    scenario = tmp_path / "node.yaml"
+    scenario.write_text("gpus: [{model: H100-SXM-80GB}]\n")
+    kmsg, state = tmp_path / "kmsg", tmp_path / "state"
+    kmsg.touch()
+    args = ("--simulate", str(scenario), f"--kmsg-path={kmsg}", f"--state-dir={state}")
+    line = "NVRM: Xid (PCI:0000:18:00): 13, pid=4242, name=python, Graphics Exception"
+    seq = 0
+
+    def write(count: int) -> None:
+        nonlocal seq
+        with kmsg.open("a") as log:
+            for _ in range(count):
+                seq += 1
+                log.write(f"3,{seq},{seq * 1000},-;{line}\n")
+                log.flush()
+
+    first, port = start(*args)
+    try:
+        write(10)
+        wait_for_count(port, 10)
+        writer = threading.Thread(target=write, args=(40,))
+        writer.start()
+        first.send_signal(signal.SIGKILL)  # mid-stream: records keep arriving while it dies
+        writer.join()
+        first.wait(timeout=10)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    write(10)  # while nothing runs
+    second, port = start(*args)
+    try:
+        seen = wait_for_count(port, 60)
+        seen += [xid_count(port) for _ in range(5)]
+        assert max(seen) == 60, f"counted twice after the restart: {max(seen)}"
+    finally:
+        second.kill()
+        second.wait()
