@@ -6,7 +6,7 @@ import asyncio
 import os
 import signal
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from contextlib import suppress
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -63,15 +63,22 @@ class Exporter:
         _log.info("listening", address=f"{self.config.listen_host}:{self.port}")
 
     async def stop(self) -> None:
+        """Stop every part, in order, even when one of them fails to stop cleanly."""
+        steps: list[tuple[str, Callable[[], Awaitable[None]]]] = []
         if self.runner is not None:
-            await self.runner.cleanup()
-        await self.xid.stop()  # frees its NVML event set before nvmlShutdown
+            steps.append(("http", self.runner.cleanup))
+        steps.append(("xid", self.xid.stop))  # frees its NVML event set before nvmlShutdown
         if self.allocation is not None:
-            await self.allocation.stop()
-        await self.sampler.stop()
-        self.pool.shutdown()
+            steps.append(("allocation", self.allocation.stop))
+        steps.append(("sampler", self.sampler.stop))
         if self.kubelet is not None:
-            await self.kubelet.close()
+            steps.append(("simulated kubelet", self.kubelet.close))
+        for name, step in steps:
+            try:
+                await step()
+            except Exception:  # keep stopping the rest; the process is on its way out
+                _log.exception("stop failed", part=name)
+        self.pool.shutdown()
         if self.simulation is not None:
             from .simulator import uninstall
 

@@ -173,7 +173,6 @@ class Sampler:
         self._system: SystemInfo | None = None
         self._gpus: list[GpuState] = []
         self._tasks: list[asyncio.Task[None]] = []
-        self._rounds_done: set[Cadence] = set()
         self._round_counts = dict.fromkeys(Cadence, 0)
         self._last_round_end: float | None = None
         self._exposition = render([], ())
@@ -216,7 +215,8 @@ class Sampler:
             self._nvml_up = False
             try:
                 await self._blocking(pynvml.nvmlShutdown, 1.0)
-            except (TimeoutError, pynvml.NVMLError) as exc:
+            except (TimeoutError, pynvml.NVMLError, PoolExhausted) as exc:
+                # Hung calls may hold every thread; the process exits cleanly all the same.
                 _log.warning("nvml shutdown failed", error=error_name(exc))
 
     def add_listener(self, listener: DeviceListener) -> None:
@@ -239,7 +239,7 @@ class Sampler:
 
     @property
     def ready(self) -> bool:
-        return {Cadence.FAST, Cadence.SLOW} <= self._rounds_done
+        return all(self._round_counts.values())
 
     @property
     def system(self) -> SystemInfo | None:
@@ -332,7 +332,6 @@ class Sampler:
             await self._round(cadence, interval)
         except Exception:  # a bug in one round must not stop sampling forever
             _log.exception("sampling round failed", cadence=cadence.value)
-        self._rounds_done.add(cadence)
         self._round_counts[cadence] += 1
         if cadence is Cadence.FAST:
             self._last_round_end = self._clock()
