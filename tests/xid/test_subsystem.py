@@ -7,6 +7,7 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from gpu_exporter.xid import XidSubsystem
 
@@ -402,5 +403,34 @@ async def test_on_change_hook_runs_on_the_loop(make_subsystem: Make, kmsg: KmsgF
     try:
         kmsg.write(XID13)
         await asyncio.wait_for(changed.wait(), 2.0)
+    finally:
+        await xid.stop()
+
+
+async def test_a_failed_handler_reopens_the_log_without_recounting(
+    make_subsystem: Make, kmsg: KmsgFile
+) -> None:
+    kmsg.write(XID48)
+    xid = make_subsystem()
+    observe = xid.core.observe
+    failures: list[int] = []
+
+    def fail_once(observations: Any) -> None:
+        observations = list(observations)
+        if observations and not failures:
+            failures.append(1)
+            raise RuntimeError("a handler bug")
+        observe(observations)
+
+    await xid.start()
+    try:
+        await wait_until(lambda: xid_count(xid) == 1)
+        xid.core.observe = fail_once  # type: ignore[method-assign]
+        kmsg.write(XID13)
+        await wait_until(lambda: xid_count(xid) == 2)  # after the reader reopened the log
+        await caught_up(xid)
+        assert failures == [1]
+        assert value(xid, "gpu_xid_errors_total", xid="48") == 1, "history recounted on reopen"
+        assert value(xid, "gpu_xid_errors_total", xid="13") == 1
     finally:
         await xid.stop()

@@ -164,6 +164,9 @@ class KmsgReader:
 
     def _read(self) -> None:
         """Open the kernel log (or fall back to syslog(2)) and follow it until stop or error."""
+        # Every (re)open starts with the ring buffer's history: it is replay until the end is
+        # reached again, so the journal, not "live", decides what was counted before.
+        self._caught_up = False
         if self._syslog_only:
             assert self._syslog is not None
             self._follow_syslog(self._syslog, None)
