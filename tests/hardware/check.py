@@ -45,14 +45,15 @@ print(f"load: {n} bf16 8192^3 matmuls in {seconds:.0f}s", flush=True)
 
 def all_families() -> list[str]:
     sys.path.insert(0, str(REPO / "src"))
-    from gpu_exporter import identity, sampler
+    from gpu_exporter import identity, sampler, xid
+    from gpu_exporter.allocation import metrics as allocation
     from gpu_exporter.collectors import ALL_COLLECTORS
 
     names = [f.name for f in identity.FAMILIES]
     for collector in ALL_COLLECTORS:
         names += [f.name for f in collector.families]
-    names += [f.name for f in sampler.SELF_FAMILIES]
-    return names
+    names += [f.name for f in (*xid.FAMILIES, *allocation.FAMILIES, *sampler.SELF_FAMILIES)]
+    return list(dict.fromkeys(names))
 
 
 def free_port() -> int:
@@ -118,34 +119,43 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--load-seconds", type=float, default=20.0)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument(
+        "--simulate",
+        action="store_true",
+        help="dry run on the simulator (checks this script itself; no load phase)",
+    )
+    parser.add_argument("--settle-seconds", type=float, default=6.0)
     args = parser.parse_args()
     out = args.json or Path(os.environ.get("OUT", ".")) / "hardware-check.json"
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     path = os.pathsep.join(p for p in (str(REPO / "src"), os.environ.get("PYTHONPATH")) if p)
     env = dict(os.environ, PYTHONPATH=path, PYTHONUNBUFFERED="1")
-    exporter = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gpu_exporter",
-            f"--listen=127.0.0.1:{port}",
-            "--slow-interval=5s",
-            "--log-format=json",
-            "--state-dir=/tmp/gpu-exporter-state",
-        ],
-        env=env,
-    )
+    command = [
+        sys.executable,
+        "-m",
+        "gpu_exporter",
+        f"--listen=127.0.0.1:{port}",
+        "--slow-interval=5s",
+        "--log-format=json",
+        "--state-dir=/tmp/gpu-exporter-state",
+    ]
+    if args.simulate:
+        command.append("--simulate")
+    exporter = subprocess.Popen(command, env=env)
     results: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
     try:
         results["ready_seconds"] = wait_ready(base, exporter)
-        time.sleep(6)  # a slow round and a few GPM intervals
+        time.sleep(args.settle_seconds)  # a slow round and a few GPM intervals
         families = all_families()
         results["idle"] = report("idle", families, scrape(base))
-        load = subprocess.Popen([sys.executable, "-c", LOAD, str(args.load_seconds)])
-        time.sleep(min(args.load_seconds * 0.75, args.load_seconds - 2))
-        results["load"] = report("under load (bf16 matmuls)", families, scrape(base))
-        load.wait(timeout=args.load_seconds + 60)
+        if args.simulate:
+            print("\nload phase skipped: --simulate")
+        else:
+            load = subprocess.Popen([sys.executable, "-c", LOAD, str(args.load_seconds)])
+            time.sleep(min(args.load_seconds * 0.75, args.load_seconds - 2))
+            results["load"] = report("under load (bf16 matmuls)", families, scrape(base))
+            load.wait(timeout=args.load_seconds + 60)
         exporter.send_signal(signal.SIGTERM)
         started = time.monotonic()
         results["exit_status"] = exporter.wait(timeout=10)

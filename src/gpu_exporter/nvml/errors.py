@@ -54,6 +54,11 @@ class DeviceLost(RuntimeError):
 
 
 def is_not_supported(exc: BaseException) -> bool:
+    # A versioned symbol the loaded library lacks (pynvml raises a plain Exception for it) means,
+    # like FunctionNotFound, that this driver does not have the function.
+    mismatch = getattr(pynvml, "NVMLLibraryMismatchError", None)
+    if mismatch is not None and isinstance(exc, mismatch):
+        return True
     return nvml_code(exc) in _NOT_SUPPORTED
 
 
@@ -69,7 +74,8 @@ def is_unavailable(exc: BaseException) -> bool:
     return nvml_code(exc) in _UNAVAILABLE
 
 
-_CAMEL = re.compile(r"(?<!^)(?=[A-Z])")
+# CamelCase word boundaries, acronyms kept whole: NVMLLibraryMismatch -> NVML_Library_Mismatch.
+_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
 
 
 def error_name(exc: BaseException) -> str:
