@@ -112,3 +112,20 @@ def make_subsystem(kmsg: KmsgFile, state_dir: Path) -> Callable[..., XidSubsyste
         return XidSubsystem(**params)
 
     return make
+
+
+def fail_next_observation(xid: XidSubsystem) -> list[int]:
+    """Make the core's next non-empty observation raise once, as a handler bug would; the
+    returned list gets one entry when it has."""
+    observe = xid.core.observe
+    failures: list[int] = []
+
+    def fail_once(observations: Any) -> None:
+        observations = list(observations)
+        if observations and not failures:
+            failures.append(1)
+            raise RuntimeError("a handler bug")
+        observe(observations)
+
+    xid.core.observe = fail_once  # type: ignore[method-assign]
+    return failures

@@ -7,7 +7,6 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from gpu_exporter.xid import XidSubsystem
 
@@ -18,6 +17,7 @@ from .conftest import (
     KmsgFile,
     caught_up,
     exposition,
+    fail_next_observation,
     value,
     wait_until,
     xid_count,
@@ -412,20 +412,10 @@ async def test_a_failed_handler_reopens_the_log_without_recounting(
 ) -> None:
     kmsg.write(XID48)
     xid = make_subsystem()
-    observe = xid.core.observe
-    failures: list[int] = []
-
-    def fail_once(observations: Any) -> None:
-        observations = list(observations)
-        if observations and not failures:
-            failures.append(1)
-            raise RuntimeError("a handler bug")
-        observe(observations)
-
     await xid.start()
     try:
         await wait_until(lambda: xid_count(xid) == 1)
-        xid.core.observe = fail_once  # type: ignore[method-assign]
+        failures = fail_next_observation(xid)
         kmsg.write(XID13)
         await wait_until(lambda: xid_count(xid) == 2)  # after the reader reopened the log
         await caught_up(xid)

@@ -28,7 +28,7 @@ from gpu_exporter.xid.kmsg import (
 from gpu_exporter.xid.parser import parse_record, parse_syslog, parse_syslog_line, text_hash
 from gpu_exporter.xid.state import XidState
 
-from .conftest import GPU0, caught_up, value, wait_until, xid_count
+from .conftest import GPU0, caught_up, fail_next_observation, value, wait_until, xid_count
 
 XID13 = "NVRM: Xid (PCI:0000:18:00): 13, pid=4242, name=python, Graphics SM Warp Exception"
 XID48 = "NVRM: Xid (PCI:0000:18:00): 48, pid='<unknown>', name=<unknown>, An uncorrectable DBE"
@@ -444,20 +444,10 @@ async def test_a_failed_handler_rereads_the_buffer_without_recounting(
 ) -> None:
     klog.write(XID48)
     xid = make_syslog()
-    observe = xid.core.observe
-    failures: list[int] = []
-
-    def fail_once(observations: Any) -> None:
-        observations = list(observations)
-        if observations and not failures:
-            failures.append(1)
-            raise RuntimeError("a handler bug")
-        observe(observations)
-
     await xid.start()
     try:
         await wait_until(lambda: xid_count(xid) == 1)
-        xid.core.observe = fail_once  # type: ignore[method-assign]
+        failures = fail_next_observation(xid)
         klog.write(XID13)
         await wait_until(lambda: xid_count(xid) == 2)  # after the reader's restart
         await caught_up(xid)
