@@ -16,7 +16,7 @@ from typing import Any
 import pynvml
 
 from .exposition import label_string
-from .nvml import DeviceCalls, DeviceLost, ErrorCounter, SupportRegistry
+from .nvml import DeviceCalls, DeviceLost, ErrorCounter, SupportRegistry, error_name
 
 
 @dataclass(frozen=True)
@@ -103,11 +103,14 @@ def read_system_info() -> SystemInfo:
 
 def discover_gpu(index: int, support: SupportRegistry, errors: ErrorCounter) -> Gpu:
     """Identify GPU ``index`` and its MIG instances. Raises DeviceLost when it does not answer."""
+    function = "nvmlDeviceGetHandleByIndex"
     try:
         handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        function = "nvmlDeviceGetUUID"
         uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
     except pynvml.NVMLError as exc:
-        raise DeviceLost(f"index:{index}", "nvmlDeviceGetHandleByIndex") from exc
+        errors.add(function, error_name(exc))  # so a failed re-probe of a lost GPU shows
+        raise DeviceLost(f"index:{index}", function) from exc
     calls = DeviceCalls(uuid, support, errors, collector="discovery")
     model = calls.get(pynvml.nvmlDeviceGetName, handle)
     pci = calls.get(pynvml.nvmlDeviceGetPciInfo, handle)

@@ -7,8 +7,10 @@ rounds until its call returns. Its last good samples stay in the exposition, and
 ``gpu_exporter_sample_age_seconds`` shows how old they are. So a hung call delays nothing else:
 not other devices, not other collectors, not scrapes (which only ever read cached bytes).
 
-A job that meets GpuIsLost marks its GPU down (``gpu_up 0``), withdraws that GPU's series and
-re-probes it with exponential backoff; the other GPUs carry on untouched.
+A job that meets GpuIsLost makes its GPU *suspect*; the next fast round probes it. A GPU that
+cannot even be looked up by index is lost: marked down (``gpu_up 0``), its series withdrawn, and
+re-probed with exponential backoff until it answers (a reset). One that can is not: only that read
+failed. The other GPUs carry on untouched either way.
 """
 
 from __future__ import annotations
@@ -81,7 +83,8 @@ class DeviceListener(Protocol):
 
     def device_lost(self, gpu: DeviceId) -> None: ...
 
-    def device_recovered(self, gpu: DeviceId) -> None: ...
+    def device_recovered(self, gpu: DeviceId) -> None:
+        """A GPU confirmed lost answers again: it was reset (or the node rebooted)."""
 
     def note_remap_failure(self, device: DeviceId) -> None: ...
 
@@ -136,6 +139,9 @@ class GpuState:
     jobs: list[Job] = field(default_factory=list)
     backoff: float = 1.0
     next_probe: float = 0.0
+    # A call answered GpuIsLost; the next fast round's probe (handle lookup by index) decides
+    # whether the GPU is lost: a GPU that fell off the bus cannot even be looked up.
+    suspect: bool = False
     discovery: concurrent.futures.Future[Gpu] | None = None  # a probe or inventory refresh
 
     @property
@@ -258,6 +264,29 @@ class Sampler:
             return True  # still in the first round
         stall_limit = max(5 * self._config.fast_interval, 10.0)
         return self._clock() - self._last_round_end < stall_limit
+
+    def problems(self) -> list[str]:
+        """What is degraded now, a line each (for ``/healthz``): lost GPUs, hung NVML calls and
+        failing collectors. None of them makes the sampler unhealthy; the other GPUs carry on."""
+        now = self._clock()
+        lines = []
+        for state in self._gpus:
+            if not state.up:
+                lines.append(f"gpu {state.index}: lost; re-probing")
+                continue
+            for job in state.jobs:
+                where = f"gpu {state.index} {job.calls.uuid} {job.name}"
+                age = (
+                    "never sampled"
+                    if job.last_success is None
+                    else (f"serving samples {now - job.last_success:.0f} s old")
+                )
+                if job.hung:
+                    function = job.calls.current_function or "an NVML call"
+                    lines.append(f"{where}: {function} hung; {age}")
+                elif not job.ok:
+                    lines.append(f"{where}: failing; {age}")
+        return lines
 
     async def wait_for_render(self) -> None:
         """Wait for the next render (tests and callers that need fresh data await this)."""
@@ -412,7 +441,10 @@ class Sampler:
     ) -> None:
         exc = future.exception()
         if isinstance(exc, DeviceLost):
-            self._mark_lost(state, exc)
+            job.ok = False
+            if state.up and not state.suspect:
+                state.suspect = True  # confirmed or dismissed by the next fast round's probe
+                _log.warning("gpu may be lost; probing it", gpu=state.index, function=exc.function)
             return
         if exc is not None:
             job.ok = False
@@ -460,6 +492,7 @@ class Sampler:
             return
         state.up = False
         state.backoff = 1.0
+        state.suspect = False
         self._schedule_probe(state)
         _log.error("gpu lost; its series are withdrawn", gpu=state.index, function=exc.function)
         self._close_jobs(state.jobs)
@@ -467,17 +500,20 @@ class Sampler:
         if state.gpu is not None:
             for device in state.gpu.devices():
                 self.ledger.forget(device.uuid)
-            self._notify("device_lost", state.gpu.device.id)
+            lost = state.gpu.device.id
+            self._tell_listeners(lambda listener: listener.device_lost(lost))
 
     def _schedule_probe(self, state: GpuState) -> None:
         state.next_probe = self._clock() + state.backoff
         state.backoff = min(state.backoff * 2, MAX_PROBE_BACKOFF)
 
     def _submit_probes(self, work: dict[concurrent.futures.Future[Any], _Pending]) -> None:
+        """Probe lost GPUs when their backoff allows, and suspect ones at once."""
         now = self._clock()
         for state in self._gpus:
             busy = state.discovery is not None and not state.discovery.done()
-            if state.up or busy or now < state.next_probe:
+            due = state.suspect or (not state.up and now >= state.next_probe)
+            if busy or not due:
                 continue
             state.discovery = self._submit(
                 self._discovery(state.index),
@@ -486,7 +522,11 @@ class Sampler:
             )
 
     def _probe_result(self, state: GpuState, future: concurrent.futures.Future[Gpu]) -> None:
-        if future.exception() is not None:
+        exc = future.exception()
+        if state.suspect:
+            self._confirm(state, exc)
+            return
+        if exc is not None:
             self._schedule_probe(state)
             return
         gpu = future.result()
@@ -494,11 +534,25 @@ class Sampler:
         state.gpu, state.up, state.backoff = gpu, True, 1.0
         state.jobs = self._make_jobs(gpu)
         _log.info("gpu is back", gpu=state.index, uuid=gpu.device.uuid)
-        self._notify("device_recovered", gpu.device.id)
+        back = gpu.device.id
+        self._tell_listeners(lambda listener: listener.device_recovered(back))
+
+    def _confirm(self, state: GpuState, exc: BaseException | None) -> None:
+        """Settle a suspected loss with the probe's answer."""
+        state.suspect = False
+        if isinstance(exc, DeviceLost):
+            self._mark_lost(state, exc)
+            return
+        _log.warning(
+            "a call answered GpuIsLost but the GPU still answers; not treated as lost",
+            gpu=state.index,
+            probe_error=None if exc is None else repr(exc),
+        )
 
     def _probe_late(self, state: GpuState) -> None:
         self._abandon_discovery(state)
-        self._schedule_probe(state)
+        if not state.suspect:  # a suspect GPU is probed again next round
+            self._schedule_probe(state)
 
     def _abandon_discovery(self, state: GpuState) -> None:
         """A hung discovery is skipped until it returns; the next round tries again."""
@@ -537,18 +591,15 @@ class Sampler:
         self._identity_cache.clear()  # rebuilt on the next render; drops vanished instances
         state.gpu, state.jobs = gpu, self._make_jobs(gpu)
 
-    def _notify(self, event: str, gpu: DeviceId) -> None:
-        for listener in self._listeners:
-            try:
-                getattr(listener, event)(gpu)
-            except Exception:  # a listener's bug must not stop sampling
-                _log.exception("device listener failed", listener=type(listener).__name__)
-
     def _remap_failed(self, device: DeviceId) -> None:
+        """Called from a worker thread by the remap collector."""
+        self._tell_listeners(lambda listener: listener.note_remap_failure(device))
+
+    def _tell_listeners(self, tell: Callable[[DeviceListener], None]) -> None:
         for listener in self._listeners:
             try:
-                listener.note_remap_failure(device)
-            except Exception:  # a listener's bug must not fail the collector
+                tell(listener)
+            except Exception:  # a listener's bug must not stop sampling or fail a collector
                 _log.exception("device listener failed", listener=type(listener).__name__)
 
     def _discovery(self, index: int) -> Callable[[], Gpu]:

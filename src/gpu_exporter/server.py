@@ -39,9 +39,13 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 async def healthz(request: web.Request) -> web.Response:
-    if request.app[SAMPLER_KEY].healthy():
-        return web.Response(text="ok\n")
-    return web.Response(status=503, text="sampler stalled\n")
+    """200 while the sampler runs, listing what is degraded (a lost GPU, a hung NVML call): a
+    restart would not fix a stuck driver, so only a stalled sampler fails the probe."""
+    sampler = request.app[SAMPLER_KEY]
+    if not sampler.healthy():
+        return web.Response(status=503, text="sampler stalled\n")
+    degraded = "".join(f"degraded: {problem}\n" for problem in sampler.problems())
+    return web.Response(text=f"ok\n{degraded}")
 
 
 async def readyz(request: web.Request) -> web.Response:

@@ -179,3 +179,39 @@ def test_close_releases_a_hang(make_node: MakeNode) -> None:
     assert not finished.wait(0.1)
     node.close()
     assert finished.wait(5)
+
+
+def power_outcomes(gpu: int, calls: int) -> list[str]:
+    """What ``calls`` successive power reads on ``gpu`` return: "ok" or the error's class name."""
+    outcomes = []
+    for _ in range(calls):
+        try:
+            pynvml.nvmlDeviceGetPowerUsage(handle(gpu))
+            outcomes.append("ok")
+        except pynvml.NVMLError as exc:
+            outcomes.append(type(exc).__name__)
+    return outcomes
+
+
+def test_an_intermittent_error_fails_every_nth_call_on_its_gpu_only(make_node: MakeNode) -> None:
+    node = make_node(MIXED)
+    node.inject({"type": "nvml_error", "function": "nvmlDeviceGetPowerUsage", "gpu": 1, "every": 3})
+    unknown = "NVMLError_Unknown"
+    assert power_outcomes(1, 6) == ["ok", "ok", unknown, "ok", "ok", unknown]
+    assert power_outcomes(0, 3) == ["ok", "ok", "ok"], "another GPU must not see the failure"
+
+
+def test_a_counted_gpu_is_lost_error_switches_itself_off(make_node: MakeNode) -> None:
+    node = make_node(MIXED)
+    node.inject(
+        {
+            "type": "nvml_error",
+            "function": "nvmlDeviceGetPowerUsage",
+            "gpu": 1,
+            "error": "gpu_is_lost",
+            "times": 2,
+        }
+    )
+    assert power_outcomes(1, 4) == ["NVMLError_GpuIsLost"] * 2 + ["ok"] * 2
+    assert pynvml.nvmlDeviceGetTemperature(handle(1), 0) > 0, "other functions still answer"
+    assert not node.failures, "a spent injection is removed"

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 from pathlib import Path
+
+import pytest
 
 from gpu_exporter.devices import DeviceId
 from gpu_exporter.xid import XidCore, load_classifier
@@ -69,7 +73,9 @@ def test_corrupt_line_in_the_middle_is_reported(state_dir: Path) -> None:
     core.observe([kmsg_xid(31, 2)])
     again = core_for(state_dir)
     assert total(again) == 2
-    assert not again.published.journal_ok
+    assert again.published.journal_errors == {"load": 1}, "the damage must be exposed"
+    assert again.published.journal_ok, "the whole state was written back at load"
+    assert "garbage" not in (state_dir / LOG_NAME).read_text(), "the damaged log is replaced"
 
 
 def test_corrupt_snapshot_is_set_aside_and_serving_continues(state_dir: Path) -> None:
@@ -78,7 +84,7 @@ def test_corrupt_snapshot_is_set_aside_and_serving_continues(state_dir: Path) ->
     (state_dir / LOG_NAME).write_text("")
     again = core_for(state_dir)
     assert total(again) == 0
-    assert not again.published.journal_ok
+    assert again.published.journal_errors == {"load": 1}, "the damage must be exposed"
     assert list(state_dir.glob(f"{SNAPSHOT_NAME}.corrupt-*"))
     again.observe([kmsg_xid(13, 5)])
     assert total(core_for(state_dir)) == 1  # and the fresh state is written again
@@ -123,3 +129,61 @@ def test_journal_is_json_lines(state_dir: Path) -> None:
     core_for(state_dir).observe([kmsg_xid(13, 1)])
     lines = (state_dir / LOG_NAME).read_text().splitlines()
     assert [json.loads(line)["op"] for line in lines] == ["count"]
+
+
+class FillableDisk:
+    """``os.write`` on a disk that can fill up: while ``error`` is set, every write fails with it
+    (ENOSPC for a full disk, EROFS for a read-only remount), as the kernel reports either."""
+
+    def __init__(self) -> None:
+        self.error: int | None = None
+
+    def write(self, fd: int, data: memoryview) -> int:
+        if self.error is not None:
+            raise OSError(self.error, os.strerror(self.error))
+        return os.write(fd, data)
+
+
+@pytest.mark.parametrize("error", [errno.ENOSPC, errno.EROFS], ids=["full", "read-only"])
+def test_a_failing_disk_keeps_counts_in_memory_and_a_repair_makes_them_durable(
+    state_dir: Path, error: int
+) -> None:
+    disk = FillableDisk()
+    core = XidCore(load_classifier(), Journal(state_dir, write=disk.write))
+    core.load("boot-1")
+    core.observe([kmsg_xid(13, 1)])
+    disk.error = error
+    core.observe([kmsg_xid(31, 2), kmsg_xid(48, 3)])
+    assert total(core) == 3, "counting must go on while the disk fails"
+    assert not core.published.journal_ok
+    assert core.published.journal_errors.get("append") == 1
+    core.repair_journal()  # still failing: nothing changes but the count of failures
+    assert not core.published.journal_ok
+    assert core.published.journal_errors.get("snapshot") == 1
+
+    disk.error = None
+    core.repair_journal()
+    assert core.published.journal_ok, "a repair after the disk recovered must write the state"
+    again = core_for(state_dir)
+    assert total(again) == 3, "what was counted while the disk was full must survive a restart"
+    assert {reason for _u, _g, reason in again.published.latches} == {"hardware_xid"}
+
+
+def test_a_state_dir_that_appears_later_is_used(tmp_path: Path) -> None:
+    blocker = tmp_path / "state"
+    blocker.write_text("")  # a file where the directory should be: nothing can be written
+    core = core_for(blocker)
+    core.observe([kmsg_xid(13, 1)])
+    assert not core.published.journal_ok
+    blocker.unlink()
+    core.repair_journal()
+    assert core.published.journal_ok
+    assert total(core_for(blocker)) == 1
+
+
+def test_repair_is_a_no_op_while_the_journal_is_healthy(state_dir: Path) -> None:
+    core = core_for(state_dir)
+    core.observe([kmsg_xid(13, 1)])
+    log_before = (state_dir / LOG_NAME).read_text()
+    core.repair_journal()
+    assert (state_dir / LOG_NAME).read_text() == log_before, "a healthy journal is not rewritten"

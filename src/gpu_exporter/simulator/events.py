@@ -186,8 +186,12 @@ def _release(body: Mapping[str, Any], path: str, gpus: Sequence[GpuSpec]) -> Par
 def _hang(body: Mapping[str, Any], path: str, gpus: Sequence[GpuSpec]) -> Params:
     from gpu_exporter.simulator.library import C_FUNCTIONS  # the library needs this module
 
+    if "function" not in body and "gpu" not in body:
+        raise Invalid(path or "event", "a hang needs a function, a gpu, or both")
     params: Params = {
-        "function": s.choice(body["function"], s.key(path, "function"), C_FUNCTIONS),
+        "function": s.choice(body["function"], s.key(path, "function"), C_FUNCTIONS)
+        if "function" in body
+        else None,  # every call on the GPU: the device itself is stuck
         "gpu": gpu_index(body["gpu"], s.key(path, "gpu"), gpus) if "gpu" in body else None,
         "duration": None,
     }
@@ -215,6 +219,7 @@ NVML_ERROR_CODES: Mapping[str, int] = {
     "corrupted_inforom": 14,
     "memory": 20,
     "no_data": 21,
+    "gpu_is_lost": 15,  # from one function only: the GPU still answers the others
 }
 
 
@@ -229,6 +234,8 @@ def _nvml_error(body: Mapping[str, Any], path: str, gpus: Sequence[GpuSpec]) -> 
             s.choice(body.get("error", "unknown"), s.key(path, "error"), NVML_ERROR_CODES)
         ],
         "on": state == "on",
+        "every": s.integer(body.get("every", 1), s.key(path, "every"), low=1),
+        "times": s.integer(body["times"], s.key(path, "times"), low=1) if "times" in body else None,
     }
 
 
@@ -251,7 +258,9 @@ EVENT_TYPES: Mapping[str, EventType] = {
     "recovery_action": _type({"gpu", "action"}, {"gpu", "action"}, _recovery_action),
     "allocate": _type({*ALLOCATION_KEYS, "workload"}, {"gpu", "pod"}, _allocate),
     "release": _type({"pod", "namespace", "gpu"}, {"pod"}, _release),
-    "hang": _type({"function", "gpu", "duration"}, {"function"}, _hang),
+    "hang": _type({"function", "gpu", "duration"}, set(), _hang),
     "unhang": _type({"function", "gpu"}, set(), _unhang),
-    "nvml_error": _type({"function", "gpu", "error", "state"}, {"function"}, _nvml_error),
+    "nvml_error": _type(
+        {"function", "gpu", "error", "state", "every", "times"}, {"function"}, _nvml_error
+    ),
 }

@@ -43,15 +43,40 @@ class Allocation:
 
 @dataclass
 class Hang:
-    """Calls to ``function`` (on ``gpu``, or any) block until ``deadline`` or release."""
+    """Calls to ``function`` (or every function) on ``gpu`` (or any) block until ``deadline``
+    or release."""
 
-    function: str
+    function: str | None
     gpu: int | None
     deadline: float | None
     released: threading.Event = field(default_factory=threading.Event)
 
     def remaining(self) -> float | None:
         return None if self.deadline is None else self.deadline - time.monotonic()
+
+
+@dataclass
+class Failure:
+    """An injected NVML error on ``function``: every ``every``-th call fails (1: every call),
+    and after ``times`` failures (None: no limit) the injection switches itself off."""
+
+    code: int
+    every: int = 1
+    times: int | None = None
+    calls: int = 0
+
+    def strike(self) -> bool:
+        """Count one call; True when this call fails."""
+        self.calls += 1
+        if self.calls % self.every:
+            return False
+        if self.times is not None:
+            self.times -= 1
+        return True
+
+    @property
+    def spent(self) -> bool:
+        return self.times == 0
 
 
 @dataclass(frozen=True)
@@ -105,7 +130,7 @@ class SimulatedNode:
         self.gpm_samples: dict[int, GpmSample | None] = {}
         self.gpm_structs: dict[int, Any] = {}
         self.hangs: list[Hang] = []
-        self.failures: dict[tuple[str, int | None], int] = {}
+        self.failures: dict[tuple[str, int | None], Failure] = {}
         self.calls: Counter[str] = Counter()  # NVML C function -> times called
         self.applied: deque[dict[str, Any]] = deque(maxlen=1000)
         self.init_count = 0
@@ -238,7 +263,7 @@ class SimulatedNode:
                 remaining = hang.remaining()
                 if hang.released.is_set() or (remaining is not None and remaining <= 0):
                     continue
-                if hang.function == function and hang.gpu in (None, gpu):
+                if hang.function in (None, function) and hang.gpu in (None, gpu):
                     return hang
         return None
 
@@ -363,15 +388,23 @@ class SimulatedNode:
     def _on_nvml_error(self, p: Mapping[str, Any], t: float) -> None:
         key = (p["function"], p["gpu"])
         if p["on"]:
-            self.failures[key] = p["code"]
+            self.failures[key] = Failure(p["code"], p["every"], p["times"])
         else:
             self.failures.pop(key, None)
 
     def failure_for(self, function: str, gpu: int | None) -> int | None:
-        """The error code an injected failure makes ``function`` return on ``gpu``, if any."""
+        """The error code an injected failure makes this call of ``function`` on ``gpu``
+        return, if any (one scoped to the GPU wins over one for any GPU)."""
         with self.lock:
-            code = self.failures.get((function, gpu))
-            return code if code is not None else self.failures.get((function, None))
+            key = (function, gpu)
+            if key not in self.failures:
+                key = (function, None)
+            failure = self.failures.get(key)
+            if failure is None or not failure.strike():
+                return None
+            if failure.spent:
+                del self.failures[key]
+            return failure.code
 
     def _on_unhang(self, p: Mapping[str, Any], t: float) -> None:
         for hang in self.hangs:

@@ -83,6 +83,7 @@ class Published:
     kmsg_lost: float = 0.0
     unparsed: float = 0.0
     journal_ok: bool = False
+    journal_errors: Mapping[str, float] = field(default_factory=dict)  # by operation
 
 
 class XidCore:
@@ -280,9 +281,21 @@ class XidCore:
             kmsg_lost=float(self._kmsg_lost),
             unparsed=float(self._unparsed),
             journal_ok=self._journal.ok,
+            journal_errors={op: float(n) for op, n in self._journal.errors.items()},
         )
         if self.on_publish is not None:
             self.on_publish()
+
+    def repair_journal(self) -> None:
+        """Rewrite the journal if a write failed or it loaded damaged (blocking I/O: call off the
+        event loop). A state directory that became writable again is back in use without
+        waiting for the next Xid."""
+        with self._lock:
+            if not self._journal.needs_repair:
+                return
+            if self._journal.repair(self._state.to_snapshot()):
+                _log.info("Xid journal written again; counts are durable once more")
+            self._publish()  # the error count moved either way
 
     def close(self) -> None:
         with self._lock:

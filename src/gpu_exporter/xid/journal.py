@@ -6,9 +6,11 @@
   lost. Each op is numbered; the snapshot records the last number it includes, so a crash between
   writing a snapshot and truncating the log never applies an op twice.
 
-A missing, unreadable, unwritable or corrupt journal never stops the exporter: it warns, keeps the
-state in memory, sets ``ok`` to False (``gpu_exporter_state_journal_ok``) and retries a full
-snapshot on the next change.
+A missing, unreadable, unwritable, full or corrupt journal never stops the exporter: it warns,
+keeps the state in memory, sets ``ok`` to False (``gpu_exporter_state_journal_ok``), counts the
+failure in ``errors`` and writes a full snapshot on the next change or the caller's next
+:meth:`Journal.repair`, whichever comes first. Once a snapshot is written, the files hold the whole
+state again and ``ok`` is True.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import contextlib
 import json
 import os
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -29,14 +32,25 @@ LOG_NAME = "xid-journal.jsonl"
 COMPACT_AFTER_OPS = 10_000
 _APPEND_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
 
+# ``os.write``'s shape. Tests pass one that fails like a full or read-only disk would: neither
+# can be made on demand without privileges, and an open descriptor ignores later permission
+# changes, so the write call is where those faults really arrive.
+Write = Callable[[int, memoryview], int]
+
 _log = get_logger("xid.journal")
 
 
 class Journal:
     """Not thread-safe: the caller (the Xid core) serialises access with its lock."""
 
-    def __init__(self, state_dir: Path | None, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        state_dir: Path | None,
+        clock: Callable[[], float] = time.monotonic,
+        write: Write = os.write,
+    ):
         self._dir = state_dir
+        self._write = write
         self._fd: int | None = None
         self._ops_in_log = 0
         self._next_number = 1
@@ -44,11 +58,24 @@ class Journal:
         self._write_ok = state_dir is not None
         self._needs_snapshot = True
         self._limiter = RateLimiter(period=60.0, clock=clock)
+        self.errors: Counter[str] = Counter()  # by operation: load, append, snapshot
 
     @property
     def ok(self) -> bool:
-        """The journal loaded cleanly and the last write succeeded."""
+        """The files hold the whole state: it loaded cleanly (or has been rewritten since) and
+        the last write succeeded."""
         return self._load_ok and self._write_ok
+
+    @property
+    def needs_repair(self) -> bool:
+        return self._dir is not None and not self.ok
+
+    def repair(self, snapshot: dict[str, Any]) -> bool:
+        """Rewrite the whole state if the files are behind or damaged; True when ``ok`` changed."""
+        if not self.needs_repair:
+            return False
+        self.compact(snapshot)
+        return self.ok
 
     # -- loading -----------------------------------------------------------------------------
 
@@ -116,6 +143,7 @@ class Journal:
 
     def _corrupt(self, name: str, reason: str) -> None:
         self._load_ok = False
+        self.errors["load"] += 1
         _log.warning(
             "Xid journal is corrupt; continuing with what could be read",
             file=str(self._dir / name) if self._dir else name,
@@ -146,7 +174,7 @@ class Journal:
         payload = "".join(json.dumps(op, separators=(",", ":")) + "\n" for op in ops).encode()
         try:
             fd = self._log_fd()
-            _write_all(fd, payload)
+            _write_all(self._write, fd, payload)
             os.fsync(fd)
         except OSError as exc:
             self._write_failed("append", exc)
@@ -160,7 +188,7 @@ class Journal:
             return
         try:
             self._dir.mkdir(parents=True, exist_ok=True)
-            _atomic_write(self._dir / SNAPSHOT_NAME, json.dumps(snapshot).encode())
+            _atomic_write(self._write, self._dir / SNAPSHOT_NAME, json.dumps(snapshot).encode())
             self._close_fd()
             fd = os.open(self._dir / LOG_NAME, _APPEND_FLAGS | os.O_TRUNC, 0o600)
             os.fsync(fd)
@@ -171,6 +199,7 @@ class Journal:
         self._ops_in_log = 0
         self._needs_snapshot = False
         self._write_ok = True
+        self._load_ok = True  # whatever was damaged on disk is replaced by the whole state
 
     def close(self) -> None:
         self._close_fd()
@@ -189,6 +218,7 @@ class Journal:
 
     def _write_failed(self, what: str, exc: OSError) -> None:
         self._write_ok = False
+        self.errors[what] += 1
         self._needs_snapshot = True  # a lost append must not leave a gap in the log
         self._close_fd()
         suppressed = self._limiter.allow(what)
@@ -202,18 +232,18 @@ class Journal:
             )
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def _write_all(write: Write, fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
-        written = os.write(fd, view)
+        written = write(fd, view)
         view = view[written:]
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
+def _atomic_write(write: Write, path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
-        _write_all(fd, data)
+        _write_all(write, fd, data)
         os.fsync(fd)
     finally:
         os.close(fd)

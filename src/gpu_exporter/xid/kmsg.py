@@ -75,6 +75,15 @@ class Batch:
 Handler = Callable[[Batch], None]
 
 
+@dataclass(frozen=True)
+class KmsgSyscalls:
+    """The calls that open and read the kernel log. Tests replace them to play ``/dev/kmsg``'s
+    EPIPE: only the kernel's ring buffer can overwrite records under a reader."""
+
+    open: Callable[[Path, int], int] = os.open
+    read: Callable[[int, int], bytes] = os.read
+
+
 class KmsgReader:
     def __init__(
         self,
@@ -88,9 +97,11 @@ class KmsgReader:
         syslog: ReadAll | None = None,
         syslog_poll: float = SYSLOG_POLL_S,
         opener: Callable[[Path, int], int] = os.open,
+        read: Callable[[int, int], bytes] = os.read,
     ) -> None:
         """``syslog`` reads the whole kernel log (see :class:`Klogctl`); given, it is used for
-        the path ``syslog:``, and when the path is ``/dev/kmsg`` and cannot be opened."""
+        the path ``syslog:``, and when the path is ``/dev/kmsg`` and cannot be opened.
+        ``opener`` and ``read`` are the system calls (see :class:`KmsgSyscalls`)."""
         self._path = path
         self._handler = handler
         self._on_up = on_up
@@ -108,6 +119,7 @@ class KmsgReader:
         self._syslog = syslog if self._syslog_only or path == DEVICE_PATH else None
         self._syslog_poll = syslog_poll
         self._opener = opener
+        self._read_fd = read
         self._wake = threading.Event()  # a syslog(2) poll now (stop, or a drain asked for)
         self.mechanism: str | None = None  # "device", "fifo", "file" or "syslog" once read
 
@@ -258,7 +270,7 @@ class KmsgReader:
             records: list[KmsgRecord] = []
             while len(records) < BATCH:
                 try:
-                    data = os.read(fd, MAX_RECORD)
+                    data = self._read_fd(fd, MAX_RECORD)
                 except BlockingIOError:
                     break
                 except BrokenPipeError:

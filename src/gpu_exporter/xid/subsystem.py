@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import functools
+import os
 import re
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -33,8 +35,8 @@ from .core import (
     Published,
     XidCore,
 )
-from .journal import Journal
-from .kmsg import SYSLOG_POLL_S, Batch, Klogctl, KmsgReader, ReadAll
+from .journal import Journal, Write
+from .kmsg import SYSLOG_POLL_S, Batch, Klogctl, KmsgReader, KmsgSyscalls, ReadAll
 from .nvml_events import Inventory, NvmlEventThread
 from .parser import (
     FallenOffBusTracker,
@@ -67,8 +69,15 @@ DRAIN = gauge(
 )
 JOURNAL_OK = gauge(
     "gpu_exporter_state_journal_ok",
-    "1 when the Xid journal under --state-dir loaded cleanly and its last write succeeded.",
+    "1 when the Xid journal under --state-dir holds the whole state: it loaded cleanly (or was "
+    "rewritten since) and its last write succeeded.",
 )
+JOURNAL_ERRORS = counter(
+    "gpu_exporter_state_journal_errors_total",
+    "Failed Xid journal operations (load: unreadable or corrupt at start; append, snapshot: "
+    "write failures such as a full or read-only disk), by operation.",
+)
+JOURNAL_OPERATIONS = ("load", "append", "snapshot")
 DUPLICATES = counter(
     "gpu_exporter_xid_duplicates_total",
     "Xid reports dropped because another source already counted the same event, by source.",
@@ -88,6 +97,7 @@ FAMILIES: tuple[Family, ...] = (
     DRAIN,
     SOURCE_UP,
     JOURNAL_OK,
+    JOURNAL_ERRORS,
     DUPLICATES,
     KMSG_LOST,
     UNPARSED,
@@ -133,6 +143,9 @@ class XidSubsystem:
         on_change: Callable[[], None] | None = None,
         syslog: ReadAll | None = None,
         syslog_poll: float = SYSLOG_POLL_S,
+        journal_repair_interval: float = 10.0,
+        journal_write: Write = os.write,
+        kmsg_syscalls: KmsgSyscalls | None = None,
     ) -> None:
         self.classifier = classifier or load_classifier(classes_path)
         self._devices = devices
@@ -148,8 +161,15 @@ class XidSubsystem:
         self._holder = holder
         self._syslog = syslog
         self._syslog_poll = syslog_poll
+        self._repair_interval = journal_repair_interval
+        self._kmsg_syscalls = kmsg_syscalls or KmsgSyscalls()
+        self._repairer: asyncio.Task[None] | None = None
         self.core = XidCore(
-            self.classifier, Journal(state_dir), holder=holder, window=dedup_window, clock=clock
+            self.classifier,
+            Journal(state_dir, write=journal_write),
+            holder=holder,
+            window=dedup_window,
+            clock=clock,
         )
         self._inventory = Inventory()
         self._inventory_ids: tuple[DeviceId, ...] | None = None
@@ -187,6 +207,7 @@ class XidSubsystem:
         if self._offset is None:
             self._offset = self._clock() - self._uptime()
         self._control = ThreadPoolExecutor(max_workers=1, thread_name_prefix="xid-control")
+        self._repairer = asyncio.create_task(self._repair_journal(), name="xid-journal-repair")
         if self._kmsg_path is not None:
             self._kmsg = KmsgReader(
                 self._kmsg_path,
@@ -197,6 +218,8 @@ class XidSubsystem:
                 clock=self._clock,
                 syslog=self._syslog or Klogctl(),
                 syslog_poll=self._syslog_poll,
+                opener=self._kmsg_syscalls.open,
+                read=self._kmsg_syscalls.read,
             )
             self._kmsg.start()
         if self._nvml_enabled:
@@ -216,7 +239,20 @@ class XidSubsystem:
             boot_id=self._boot_id,
         )
 
+    async def _repair_journal(self) -> None:
+        """While the journal is failing (disk full, read-only, corrupt at start), try to write
+        it again every interval, so it recovers even when no Xid arrives to trigger a write."""
+        while True:
+            await asyncio.sleep(self._repair_interval)
+            if not self.core.published.journal_ok:
+                self._control_call(self.core.repair_journal)
+
     async def stop(self) -> None:
+        if self._repairer is not None:
+            self._repairer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._repairer
+            self._repairer = None
         readers = [r for r in (self._kmsg, self._nvml) if r is not None]
         await asyncio.gather(*(asyncio.to_thread(r.stop) for r in readers))
         self._kmsg = self._nvml = None
@@ -232,7 +268,9 @@ class XidSubsystem:
         self._control_call(self.core.set_latch, _gpu_uuid(gpu), str(gpu.index), "device_lost")
 
     def device_recovered(self, gpu: DeviceId) -> None:
-        """A lost GPU answers again: it was reset (or the node rebooted), so drains clear."""
+        """A GPU confirmed lost answers again: it was reset (or the node rebooted), so drains
+        clear. (A call that answered GpuIsLost while the GPU could still be looked up never
+        made it lost: see the sampler's probe.)"""
         self._refresh_inventory(force=True)
         self._control_call(self.core.clear_latches, _gpu_uuid(gpu), "gpu reset observed")
 
@@ -277,6 +315,9 @@ class XidSubsystem:
         for source, up in sorted(self._up.items()):
             out.append(Sample(SOURCE_UP, label_string({"source": source}), 1.0 if up else 0.0))
         out.append(Sample(JOURNAL_OK, "", 1.0 if published.journal_ok else 0.0))
+        for operation in JOURNAL_OPERATIONS:
+            labels = label_string({"operation": operation})
+            out.append(Sample(JOURNAL_ERRORS, labels, published.journal_errors.get(operation, 0.0)))
         for source in (SOURCE_KMSG, SOURCE_NVML):
             labels = label_string({"source": source})
             out.append(Sample(DUPLICATES, labels, published.duplicates.get(source, 0.0)))
