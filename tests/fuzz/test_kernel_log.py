@@ -6,16 +6,18 @@ from __future__ import annotations
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from gpu_exporter.simulator.kmsg import KmsgLog, xid_message
+from gpu_exporter.simulator.kmsg import KmsgLog
 from gpu_exporter.xid.parser import (
-    FallenOffBusTracker,
-    KmsgRecord,
-    XidLine,
     normalize_bus_id,
     parse_record,
     parse_syslog,
-    parse_syslog_line,
-    parse_xid,
+)
+
+from .kernel_text import (
+    check_any_bytes,
+    check_kmsg_round_trip,
+    check_syslog_round_trip,
+    check_xid_round_trip,
 )
 
 # A kmsg (and syslog) prefix is `facility << 3 | level`.
@@ -27,36 +29,11 @@ timestamps_usec = st.integers(0, 10**15)
 message_bytes = st.binary(max_size=200)
 
 
-def kernel_escape(message: bytes) -> bytes:
-    """What devkmsg_read does to a record's text (kernel/printk: msg_add_ext_text)."""
-    return b"".join(
-        b"\\x%02x" % byte if byte < 0x20 or byte >= 0x7F or byte == 0x5C else bytes((byte,))
-        for byte in message
-    )
-
-
-def kmsg_line(facility: int, level: int, seq: int, usec: int, flags: str, message: bytes) -> bytes:
-    prefix = facility << 3 | level
-    return b"%d,%d,%d,%s;%s\n" % (prefix, seq, usec, flags.encode(), kernel_escape(message))
-
-
-def assert_total(result: KmsgRecord | None) -> None:
-    assert result is None or isinstance(result, KmsgRecord), f"not a record or None: {result!r}"
-    if result is not None:
-        assert isinstance(result.message, str)
-        for outcome in (parse_xid(result.message), FallenOffBusTracker().feed(result.message)):
-            assert outcome is None or isinstance(outcome, XidLine), f"odd Xid result {outcome!r}"
-
-
 @given(st.binary(max_size=500))
 @example(b"6,1,2,-;\\x\\xzz\\x41\xff\xfe")
 @example(b"<99999999999>[99999999999999.999999] x")
 def test_every_parser_takes_any_bytes(data: bytes) -> None:
-    assert_total(parse_record(data))
-    assert_total(parse_syslog_line(data))
-    for record, first_line in parse_syslog(data):
-        assert_total(record)
-        assert first_line in data, "the raw first line must come from the input"
+    check_any_bytes(data)
 
 
 @given(facilities, levels, sequence_numbers, timestamps_usec, st.sampled_from("-c+"), message_bytes)
@@ -65,16 +42,7 @@ def test_every_parser_takes_any_bytes(data: bytes) -> None:
 def test_a_kmsg_record_parses_back_to_what_the_kernel_wrote(
     facility: int, level: int, seq: int, usec: int, flags: str, message: bytes
 ) -> None:
-    line = kmsg_line(facility, level, seq, usec, flags, message)
-    record = parse_record(line + b" SUBSYSTEM=pci\n DEVICE=+pci:0000:18:00.0\n")
-    assert record == KmsgRecord(
-        message=message.decode("utf-8", errors="replace"),
-        seq=seq,
-        usec=usec,
-        priority=level,
-        facility=facility,
-        continuation=flags == "c",
-    ), f"round trip of {line!r}"
+    check_kmsg_round_trip(facility, level, seq, usec, flags, message)
 
 
 @given(
@@ -102,15 +70,7 @@ syslog_messages = st.binary(max_size=160).filter(
 def test_a_syslog_line_parses_back_to_what_the_kernel_wrote(
     facility: int, level: int, seconds: int, micro: int, message: bytes
 ) -> None:
-    line = b"<%d>[%5d.%06d] %s" % (facility << 3 | level, seconds, micro, message)
-    expected = KmsgRecord(
-        message=message.decode("utf-8", errors="replace"),
-        usec=seconds * 1_000_000 + micro,
-        priority=level,
-        facility=facility,
-    )
-    assert parse_syslog_line(line) == expected, f"round trip of {line!r}"
-    assert parse_syslog(line + b"\n") == [(expected, line)], "a one-line chunk is one record"
+    check_syslog_round_trip(facility, level, seconds, micro, message)
 
 
 @given(st.lists(syslog_messages.filter(bool), min_size=1, max_size=8))
@@ -142,13 +102,7 @@ xid_texts = st.text(st.characters(blacklist_categories=["Cs", "Cc"]), max_size=8
 def test_an_xid_line_parses_back_to_its_fields(
     bus: int, code: int, who: tuple[int, str] | None, gpu_instance: int | None, text: str
 ) -> None:
-    pid, name = who if who is not None else (None, None)
-    message = xid_message(bus, code, pid, name, text, gpu_instance)
-    parsed = parse_xid(message)
-    assert parsed is not None, f"not recognised: {message!r}"
-    got = (parsed.xid, parsed.bus_id, parsed.gpu_instance_id, parsed.pid, parsed.process_name)
-    assert got == (code, f"0000:{bus:02x}:00", gpu_instance, pid, name), message
-    assert parsed.text == text, f"text of {message!r}"
+    check_xid_round_trip(bus, code, who, gpu_instance, text)
 
 
 @given(
