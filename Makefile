@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: run test lint system-deps bench demo lock sync-monitoring proto clean
+.PHONY: run test lint system-deps bench demo lock sync-monitoring proto fuzz clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -58,6 +58,13 @@ sync-monitoring: $(STAMP)
 ## proto: regenerate the committed kubelet pod-resources stubs (grpcio-tools is a dev dependency)
 proto: $(STAMP)
 	PYTHON=$(BIN)/python src/gpu_exporter/allocation/proto/regenerate.sh
+
+## fuzz: coverage-guided search of the kernel-log parsers for FUZZ_SECONDS; failing inputs go to
+## fuzz/crashes/ (installs atheris into the venv: it is not a CI dependency; docs/fuzzing.md)
+FUZZ_SECONDS ?= 60
+fuzz: $(STAMP)
+	$(BIN)/pip install -q 'atheris>=2.3'
+	$(BIN)/python -m fuzz.kmsg_parser --seconds $(FUZZ_SECONDS) $(ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python bench/run.py $(ARGS)

@@ -1,4 +1,5 @@
-"""Shared fixtures: binaries the tests need, which may skip locally but must exist under CI."""
+"""Shared fixtures: binaries the tests need, which may skip locally but must exist under CI; the
+hypothesis settings profiles (docs/fuzzing.md)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,34 @@ import shutil
 import subprocess
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+# Property tests take their budget from one profile, chosen by HYPOTHESIS_PROFILE:
+# - "dev" (default locally): random inputs, a new draw every run, so local runs keep exploring;
+# - "ci" (default under CI=true): fewer examples and derandomized, so a red build is reproducible
+#   with the same command and is caused by the change under test, not by a lucky draw;
+# - "fuzz": a long on-demand search (make fuzz runs the coverage-guided harness instead).
+# No deadline anywhere: on a loaded 2-core runner timing noise, not slowness, trips it; the
+# example counts bound the run time instead.
+HYPOTHESIS_PROFILES = {
+    "dev": settings(max_examples=100, deadline=None),
+    "ci": settings(
+        max_examples=50,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        print_blob=True,
+        suppress_health_check=[HealthCheck.too_slow],
+    ),
+    "fuzz": settings(max_examples=20_000, deadline=None),
+}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for name, profile in HYPOTHESIS_PROFILES.items():
+        settings.register_profile(name, profile)
+    default = "ci" if os.environ.get("CI", "").lower() == "true" else "dev"
+    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", default))
 
 
 def require_binary(name: str) -> str:

@@ -148,21 +148,36 @@ def render(samples: Iterable[Sample], family_order: Sequence[Family] = ()) -> Ex
 
 
 def wants_openmetrics(accept: str) -> bool:
-    """True when the client's Accept header prefers OpenMetrics text over the classic format."""
-    best_om = best_text = -1.0
+    """True when the client's Accept header prefers OpenMetrics text over the classic format.
+
+    OpenMetrics must be named (a wildcard means "your default", as in the Prometheus client
+    libraries); the classic format takes the weight of its most specific range (RFC 9110 12.5.1:
+    ``text/plain`` over ``text/*`` over ``*/*``). A tie goes to OpenMetrics.
+    """
+    weights: dict[str, float] = {}
     for item in accept.split(","):
-        media, _, params = item.strip().partition(";")
-        quality = 1.0
-        for param in params.split(";"):
-            key, _, val = param.strip().partition("=")
-            if key == "q":
-                try:
-                    quality = float(val)
-                except ValueError:
-                    quality = 0.0
-        media = media.strip().lower()
-        if media == "application/openmetrics-text":
-            best_om = max(best_om, quality)
-        elif media in ("text/plain", "*/*", "text/*"):
-            best_text = max(best_text, quality)
-    return best_om > 0 and best_om >= best_text
+        media, weight = _media_range(item)
+        weights[media] = max(weight, weights.get(media, 0.0))
+    openmetrics = weights.get("application/openmetrics-text", 0.0)
+    text = next((weights[m] for m in ("text/plain", "text/*", "*/*") if m in weights), 0.0)
+    return openmetrics > 0 and openmetrics >= text
+
+
+def _media_range(item: str) -> tuple[str, float]:
+    """``Type/Sub; version=1; Q=0.5`` -> ``("type/sub", 0.5)``: names are case-insensitive."""
+    media, *params = item.split(";")
+    weight = 1.0
+    for param in params:
+        name, _, value = param.partition("=")
+        if name.strip().lower() == "q":
+            weight = _qvalue(value.strip())
+    return "/".join(part.strip() for part in media.lower().split("/", 1)), weight
+
+
+def _qvalue(text: str) -> float:
+    """A weight 0..1; anything else ("nan", "2", "high") refuses the range, as a malformed one."""
+    try:
+        weight = float(text)
+    except ValueError:
+        return 0.0
+    return weight if 0.0 <= weight <= 1.0 else 0.0

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from gpu_exporter.xid.parser import (
@@ -230,7 +230,6 @@ def test_bus_id_normalisation(text: str, expected: str | None) -> None:
     assert normalize_bus_id(text) == expected
 
 
-@settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=400))
 def test_record_parser_never_raises(data: bytes) -> None:
     record = parse_record(data)
@@ -246,7 +245,6 @@ _fragments = st.sampled_from(
 )  # fmt: skip
 
 
-@settings(max_examples=500, deadline=None)
 @given(st.lists(st.one_of(_fragments, st.text(max_size=5)), max_size=30))
 def test_xid_parser_never_raises_on_near_misses(parts: list[str]) -> None:
     text = "".join(parts)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from gpu_exporter.xid import XidSubsystem
@@ -238,7 +238,6 @@ def brute_overlap(previous: bytes, data: bytes) -> tuple[int, int]:
     return len(previous), 0
 
 
-@settings(max_examples=300, deadline=None)
 @given(
     old=st.lists(st.sampled_from([b"a", b"b", b"cc"]), max_size=12),
     dropped=st.integers(0, 12),

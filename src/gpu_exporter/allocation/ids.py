@@ -20,10 +20,12 @@ from dataclasses import dataclass
 
 from ..devices import DeviceId
 
-_REPLICA = re.compile(r"^(?P<base>.+)::(?P<replica>\d+)$")
-_LEGACY_MIG = re.compile(r"^MIG-(?P<parent>GPU-[0-9A-Fa-f-]+)/(?P<gi>\d+)/(?P<ci>\d+)$")
+# Numbers are ASCII and short: \d would take any Unicode digit, and int() refuses 4300+ digits.
+_N = "[0-9]{1,9}"
+_REPLICA = re.compile(rf"^(?P<base>.+)::(?P<replica>{_N})$")
+_LEGACY_MIG = re.compile(rf"^MIG-(?P<parent>GPU-[0-9A-Fa-f-]+)/(?P<gi>{_N})/(?P<ci>{_N})$")
 _UUID = re.compile(r"^(?P<kind>GPU|MIG)-[0-9A-Fa-f][0-9A-Fa-f-]*$")
-_GKE = re.compile(r"^nvidia(?P<index>\d+)(?:/gi(?P<gi>\d+))?(?:/vgpu(?P<vgpu>\d+))?$")
+_GKE = re.compile(rf"^nvidia(?P<index>{_N})(?:/gi(?P<gi>{_N}))?(?:/vgpu(?P<vgpu>{_N}))?$")
 # Device plugins the exporter accounts for; other resources (NICs, FPGAs) are ignored.
 GPU_RESOURCE_PREFIX = "nvidia.com/"
 

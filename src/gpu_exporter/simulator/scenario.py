@@ -158,6 +158,10 @@ def load_yaml(content: str, source: str) -> Any:
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or type(exc).__name__
         raise ScenarioError(source, "(yaml)", f"{problem}{where}") from None
+    except ValueError as exc:  # PyYAML's int() on a number of 4300+ digits
+        raise ScenarioError(source, "(yaml)", f"unreadable value: {exc}") from None
+    except RecursionError:  # PyYAML composes nested collections recursively
+        raise ScenarioError(source, "(yaml)", "collections nested too deeply") from None
 
 
 def parse_scenario(data: Any, source: str = "<string>") -> Scenario:
@@ -250,7 +254,7 @@ def _mig_layout(raw: Any, path: str, model: GpuModel) -> tuple[MigInstanceSpec, 
 
 
 def _mig_profile(raw: Any, path: str, model: GpuModel) -> MigProfile:
-    if raw not in model.mig_profiles:
+    if not isinstance(raw, str) or raw not in model.mig_profiles:
         valid = ", ".join(model.mig_profiles)
         raise Invalid(path, f"MIG profile {raw!r} is not valid for {model.key} (valid: {valid})")
     return model.mig_profiles[raw]

@@ -20,6 +20,8 @@ CLASSES = ("hardware", "application", "driver", "informational", "unknown")
 UNKNOWN_ACTION = "unknown"
 MAX_CODE = 99_999
 _ACTION = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+# ASCII digits only: str.isdigit() also takes "²" and other digits int() refuses.
+_XID_KEY = re.compile(r"[0-9]{1,5}")
 # Xid 154 names the new recovery action; the label uses the catalog's action words.
 RECOVERY_ACTIONS = {
     "none": "ignore",
@@ -134,7 +136,7 @@ def parse_overrides(path: Path) -> dict[int, tuple[str | None, str | None]]:
 def _xid_key(node: yaml.Node, where: str) -> int:
     value = node.value if isinstance(node, yaml.ScalarNode) else None
     text = str(value).strip() if value is not None else ""
-    if not text.isdigit() or not 0 < int(text) <= MAX_CODE:
+    if not _XID_KEY.fullmatch(text) or not 0 < int(text) <= MAX_CODE:
         raise XidClassesError(f"{where}: key {text or '?'!r}: an Xid code must be 1..{MAX_CODE}")
     return int(text)
 
@@ -154,6 +156,8 @@ def _override_value(node: yaml.Node, xid: int, where: str) -> tuple[str | None, 
             )
         if not isinstance(value_node, yaml.ScalarNode):
             raise XidClassesError(f"{line_where}: Xid {xid}.{key}: expected a string")
+        if key in found:
+            raise XidClassesError(f"{line_where}: Xid {xid}.{key} is given twice")
         found[key] = str(value_node.value)
     if not found:
         raise XidClassesError(f"{where}: Xid {xid}: give a class and/or an action")

@@ -1,0 +1,94 @@
+"""Kernel log text as the kernel renders it, and the parsers' totality check: shared by the
+hypothesis tests and the coverage-guided harness (fuzz/kmsg_parser.py)."""
+
+from __future__ import annotations
+
+from gpu_exporter.simulator.kmsg import xid_message
+from gpu_exporter.xid.parser import (
+    FallenOffBusTracker,
+    KmsgRecord,
+    XidLine,
+    parse_record,
+    parse_syslog,
+    parse_syslog_line,
+    parse_xid,
+)
+
+
+def kernel_escape(message: bytes) -> bytes:
+    """What devkmsg_read does to a record's text (kernel/printk: msg_add_ext_text)."""
+    return b"".join(
+        b"\\x%02x" % byte if byte < 0x20 or byte >= 0x7F or byte == 0x5C else bytes((byte,))
+        for byte in message
+    )
+
+
+def kmsg_line(facility: int, level: int, seq: int, usec: int, flags: str, message: bytes) -> bytes:
+    prefix = facility << 3 | level
+    return b"%d,%d,%d,%s;%s\n" % (prefix, seq, usec, flags.encode(), kernel_escape(message))
+
+
+def assert_total(result: KmsgRecord | None) -> None:
+    assert result is None or isinstance(result, KmsgRecord), f"not a record or None: {result!r}"
+    if result is not None:
+        assert isinstance(result.message, str)
+        for outcome in (parse_xid(result.message), FallenOffBusTracker().feed(result.message)):
+            assert outcome is None or isinstance(outcome, XidLine), f"odd Xid result {outcome!r}"
+
+
+def syslog_line(facility: int, level: int, seconds: int, micro: int, message: bytes) -> bytes:
+    """One line of syslog(2) READ_ALL text (kernel/printk: info_print_prefix), unescaped."""
+    return b"<%d>[%5d.%06d] %s" % (facility << 3 | level, seconds, micro, message)
+
+
+def check_any_bytes(data: bytes) -> None:
+    """Every parser takes any bytes: a record or None, never an exception."""
+    assert_total(parse_record(data))
+    assert_total(parse_syslog_line(data))
+    for record, first_line in parse_syslog(data):
+        assert_total(record)
+        assert first_line in data, "the raw first line must come from the input"
+
+
+def check_kmsg_round_trip(
+    facility: int, level: int, seq: int, usec: int, flags: str, message: bytes
+) -> None:
+    """A /dev/kmsg record (with the dictionary lines that may follow) parses back to its fields."""
+    line = kmsg_line(facility, level, seq, usec, flags, message)
+    record = parse_record(line + b" SUBSYSTEM=pci\n DEVICE=+pci:0000:18:00.0\n")
+    assert record == KmsgRecord(
+        message=message.decode("utf-8", errors="replace"),
+        seq=seq,
+        usec=usec,
+        priority=level,
+        facility=facility,
+        continuation=flags == "c",
+    ), f"round trip of {line!r}"
+
+
+def check_syslog_round_trip(
+    facility: int, level: int, seconds: int, micro: int, message: bytes
+) -> None:
+    """A syslog(2) line (message: no newline, no trailing CR, not starting with [ or <)."""
+    line = syslog_line(facility, level, seconds, micro, message)
+    expected = KmsgRecord(
+        message=message.decode("utf-8", errors="replace"),
+        usec=seconds * 1_000_000 + micro,
+        priority=level,
+        facility=facility,
+    )
+    assert parse_syslog_line(line) == expected, f"round trip of {line!r}"
+    assert parse_syslog(line + b"\n") == [(expected, line)], "a one-line chunk is one record"
+
+
+def check_xid_round_trip(
+    bus: int, code: int, who: tuple[int, str] | None, gpu_instance: int | None, text: str
+) -> None:
+    """The NVRM Xid line the driver prints (process name: no comma, quote or "<"; text stripped)."""
+    pid, name = who if who is not None else (None, None)
+    message = xid_message(bus, code, pid, name, text, gpu_instance)
+    parsed = parse_xid(message)
+    assert parsed is not None, f"not recognised: {message!r}"
+    got = (parsed.xid, parsed.bus_id, parsed.gpu_instance_id, parsed.pid, parsed.process_name)
+    assert got == (code, f"0000:{bus:02x}:00", gpu_instance, pid, name), message
+    assert parsed.text == text, f"text of {message!r}"
