@@ -18,7 +18,8 @@ from .config import Config
 from .logs import get_logger
 from .nvml import WorkerPool
 from .sampler import Sampler
-from .server import make_web_app
+from .server import make_web_app, server_settings
+from .webguard import RequestGuard
 from .xid import XidSubsystem
 
 if TYPE_CHECKING:  # imported when built: grpc costs ~17 MB RSS, not paid with --no-allocation
@@ -56,11 +57,7 @@ class Exporter:
         if self.allocation is not None:
             await self.allocation.start()
         await self.xid.start()
-        self.runner = web.AppRunner(self.web_app, access_log=None, handle_signals=False)
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, self.config.listen_host, self.config.listen_port)
-        await site.start()
-        _log.info("listening", address=f"{self.config.listen_host}:{self.port}")
+        self.runner = await start_web_server(self.web_app, self.config)
 
     async def stop(self) -> None:
         """Stop every part, in order, even when one of them fails to stop cleanly."""
@@ -86,6 +83,31 @@ class Exporter:
             uninstall()
 
 
+async def start_web_server(web_app: web.Application, config: Config) -> web.AppRunner:
+    """Serve ``web_app`` on ``--listen``, over TLS when the web config has a certificate."""
+    runner = web.AppRunner(
+        web_app, access_log=None, handle_signals=False, **server_settings(config.web_read_timeout)
+    )
+    await runner.setup()
+    tls = config.web.tls if config.web else None
+    site = web.TCPSite(
+        runner, config.listen_host, config.listen_port, ssl_context=tls.context if tls else None
+    )
+    try:
+        await site.start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    _log.info(
+        "listening",
+        address=f"{config.listen_host}:{runner.addresses[0][1]}",
+        tls=tls is not None,
+        client_auth=tls.client_auth if tls else "NoClientCert",
+        basic_auth=bool(config.web and config.web.auth_required),
+    )
+    return runner
+
+
 def build_exporter(config: Config) -> Exporter:
     """Wire every part from ``config``; nothing starts until :meth:`Exporter.start`."""
     pool = WorkerPool(size=_pool_size())
@@ -102,7 +124,11 @@ def build_exporter(config: Config) -> Exporter:
     xid = _build_xid(config, sampler, simulation, allocation)
     sampler.add_source(xid)
     sampler.add_listener(xid)
-    web_app = make_web_app(sampler, extra_routes)
+    guard = RequestGuard(
+        config.web, max_requests=config.web_max_requests, auth_health=config.web_auth_health
+    )
+    sampler.add_source(guard)
+    web_app = make_web_app(sampler, extra_routes, guard)
     return Exporter(config, pool, sampler, web_app, xid, allocation, simulation, kubelet)
 
 

@@ -12,6 +12,7 @@ import os
 import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -47,6 +48,12 @@ def parse_listen(text: str) -> tuple[str, int]:
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ValueError(f"invalid listen address {text!r} (use HOST:PORT, e.g. 0.0.0.0:9445)")
     return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def parse_count(text: str) -> int:
+    if not text.strip().isdigit() or int(text) < 1:
+        raise ValueError(f"invalid count {text!r} (must be a whole number of at least 1)")
+    return int(text)
 
 
 def parse_ratio(text: str) -> float:
@@ -199,6 +206,40 @@ def build_parser() -> argparse.ArgumentParser:
         help="SM activity below which an allocated GPU counts as idle (default 0.05)",
     )
     add(
+        "--web.config.file",
+        dest="web_config_file",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="exporter-toolkit web config (TLS, basic auth), as node_exporter's; see "
+        "docs/security.md (default: none, plain HTTP without authentication)",
+    )
+    add(
+        "--web.auth-health",
+        dest="web_auth_health",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="require the web config's credentials on /healthz and /readyz too (default off: "
+        "kubelet probes send none)",
+    )
+    add(
+        "--web.max-requests",
+        dest="web_max_requests",
+        type=_checked(parse_count),
+        default=40,
+        metavar="N",
+        help="requests served at once; more are answered 503 at once (default 40)",
+    )
+    add(
+        "--web.read-timeout",
+        dest="web_read_timeout",
+        type=_checked(parse_duration),
+        default=30.0,
+        metavar="DURATION",
+        help="a connection must send a complete request head within this long of opening or of "
+        "its previous response, else it is closed; also the keep-alive idle time (default 30s)",
+    )
+    add(
         "--log-format",
         choices=("auto", "json", "console"),
         default="auto",
@@ -286,9 +327,25 @@ def parse_config(argv: Sequence[str], environ: Mapping[str, str] | None = None) 
         pod_logs_path=namespace.pod_logs_path,
         pod_resources_interval=namespace.pod_resources_interval,
         idle_threshold=namespace.idle_threshold,
+        web_config_file=namespace.web_config_file,
+        web_auth_health=namespace.web_auth_health,
+        web_max_requests=namespace.web_max_requests,
+        web_read_timeout=namespace.web_read_timeout,
         log_format=namespace.log_format,
         log_level=namespace.log_level,
     )
+
+
+def with_web_config(config: Config) -> Config:
+    """Load ``--web.config.file`` once, at start: a bad file is a usage error (exit 2)."""
+    if config.web_config_file is None:
+        return config
+    from .webconfig import WebConfigError, load_web_config
+
+    try:
+        return replace(config, web=load_web_config(config.web_config_file))
+    except WebConfigError as exc:
+        raise UsageError(str(exc)) from exc
 
 
 def _check_xid_classes(path: Path) -> None:
@@ -306,7 +363,7 @@ def run(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = N
     from .nvml import NvmlUnavailable
 
     try:
-        config = parse_config(sys.argv[1:] if argv is None else argv, environ)
+        config = with_web_config(parse_config(sys.argv[1:] if argv is None else argv, environ))
     except UsageError as exc:
         return _fail(str(exc), EXIT_USAGE)
     configure_logging(config.log_format, config.log_level)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .webconfig import WebConfig
+
 DEFAULT_PORT = 9445  # dcgm-exporter uses 9400 and nvidia_gpu_exporter 9835
 DEFAULT_LISTEN = f"0.0.0.0:{DEFAULT_PORT}"
 
@@ -38,6 +40,11 @@ class Config:
     pod_logs_path: Path = Path("/var/log/pods")
     pod_resources_interval: float = 1.0
     idle_threshold: float = 0.05
+    web_config_file: Path | None = None
+    web: WebConfig | None = None  # loaded from web_config_file by the CLI at start
+    web_auth_health: bool = False
+    web_max_requests: int = 40
+    web_read_timeout: float = 30.0
     log_format: str = "auto"
     log_level: str = "info"
 

@@ -4,18 +4,32 @@ from __future__ import annotations
 
 import html
 from collections.abc import Iterable
+from typing import Any
 
 from aiohttp import web
 
 from . import __version__
 from .exposition import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE, wants_openmetrics
 from .sampler import Sampler
+from .webguard import RequestGuard
 
 SAMPLER_KEY: web.AppKey[Sampler] = web.AppKey("sampler", Sampler)
+# Request heads are a few hundred bytes (Prometheus sends ~6 headers); aiohttp answers a longer
+# line or field with 400 and more headers with 400 before any handler runs.
+MAX_LINE_BYTES = 8190
+MAX_FIELD_BYTES = 8190
+MAX_HEADERS = 64
 
 
-def make_web_app(sampler: Sampler, extra_routes: Iterable[web.RouteDef] = ()) -> web.Application:
-    app = web.Application()
+def make_web_app(
+    sampler: Sampler,
+    extra_routes: Iterable[web.RouteDef] = (),
+    guard: RequestGuard | None = None,
+) -> web.Application:
+    # No request has a body worth more than a simulator event: 64 KiB bounds what is buffered.
+    app = web.Application(client_max_size=64 * 1024)
+    if guard is not None:
+        guard.install(app)
     app[SAMPLER_KEY] = sampler
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
@@ -23,6 +37,18 @@ def make_web_app(sampler: Sampler, extra_routes: Iterable[web.RouteDef] = ()) ->
     app.router.add_get("/", landing)
     app.router.add_routes(list(extra_routes))
     return app
+
+
+def server_settings(read_timeout: float) -> dict[str, Any]:
+    """aiohttp server limits: bounded request heads, and no connection kept past ``read_timeout``
+    without a complete request head (aiohttp's keep-alive timer runs from the connection's start
+    and from each response, and closes a connection whose request has not fully arrived)."""
+    return {
+        "keepalive_timeout": read_timeout,
+        "max_line_size": MAX_LINE_BYTES,
+        "max_field_size": MAX_FIELD_BYTES,
+        "max_headers": MAX_HEADERS,
+    }
 
 
 async def metrics(request: web.Request) -> web.Response:

@@ -1,0 +1,251 @@
+"""What a request passes before it reaches an endpoint: the concurrency limit, the rate limit, the
+client certificate's SANs and basic auth, as configured by ``--web.*`` flags and the web config.
+
+The health endpoints (``/healthz``, ``/readyz``) are never limited, so a flood of scrapes cannot
+fail kubelet probes and restart the exporter, and they skip authentication unless
+``--web.auth-health``. Every rejection is counted in ``gpu_exporter_http_requests_rejected_total``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import hmac
+import ipaddress
+import os
+import time
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from enum import Enum
+from http import HTTPStatus
+
+import bcrypt
+from aiohttp import web
+
+from .exposition import Family, Sample, counter, label_string
+from .webconfig import RateLimit, WebConfig
+
+HEALTH_PATHS = frozenset({"/healthz", "/readyz"})
+REALM = 'Basic realm="gpu-exporter", charset="UTF-8"'
+REJECTED = counter(
+    "gpu_exporter_http_requests_rejected_total",
+    "HTTP requests answered without reaching their endpoint, by reason.",
+)
+# max_requests: over --web.max-requests (503); rate_limit: over the web config's rate_limit (429);
+# auth_busy: too many password checks already queued (503); unauthorized: no or wrong credentials
+# (401); client_cert: the client certificate has none of client_allowed_sans (403).
+REASONS = ("max_requests", "rate_limit", "auth_busy", "unauthorized", "client_cert")
+# bcrypt is slow on purpose (~70 ms at cost 10): one check at a time, and only this many waiting;
+# beyond that a guessing client is turned away without costing CPU.
+MAX_PENDING_PASSWORD_CHECKS = 4
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class Verdict(Enum):
+    ALLOWED = "allowed"
+    DENIED = "denied"
+    BUSY = "busy"
+
+
+class PasswordCheck:
+    """Basic-auth credentials against bcrypt hashes, off the event loop.
+
+    A successful (user, password) is remembered as an HMAC under a key that lives only in this
+    process, so Prometheus scraping every 15 s costs one bcrypt in total, not one per scrape,
+    and memory never holds the password or a plain hash of it. Failures are not remembered:
+    every guess costs the guesser a full bcrypt.
+    """
+
+    def __init__(
+        self,
+        users: Iterable[tuple[str, bytes]],
+        verify: Callable[[bytes, bytes], bool] = bcrypt.checkpw,
+    ) -> None:
+        self._users = dict(users)
+        self._verify = verify
+        self._key = os.urandom(32)
+        self._verified: dict[str, bytes] = {}  # user -> HMAC of the last password that passed
+        self._one_at_a_time = asyncio.Lock()
+        self._pending = 0
+
+    async def check(self, authorization: str | None) -> Verdict:
+        credentials = _decode_basic(authorization)
+        if credentials is None or not self._users:
+            return Verdict.DENIED
+        user, password = credentials
+        token = self._token(user, password)
+        remembered = self._verified.get(user)
+        if remembered is not None and hmac.compare_digest(remembered, token):
+            return Verdict.ALLOWED
+        if self._pending >= MAX_PENDING_PASSWORD_CHECKS:
+            return Verdict.BUSY
+        if not await self._bcrypt(user, password):
+            return Verdict.DENIED
+        self._verified[user] = token
+        return Verdict.ALLOWED
+
+    async def _bcrypt(self, user: str, password: str) -> bool:
+        known = user in self._users
+        # An unknown user is checked against a real hash all the same, so that response times
+        # do not tell which user names exist.
+        hashed = self._users[user] if known else next(iter(self._users.values()))
+        self._pending += 1
+        try:
+            async with self._one_at_a_time:
+                matches = await asyncio.to_thread(self._safe_verify, password.encode(), hashed)
+        finally:
+            self._pending -= 1
+        return known and matches
+
+    def _safe_verify(self, password: bytes, hashed: bytes) -> bool:
+        try:
+            return self._verify(password, hashed)
+        except ValueError:  # bcrypt refuses passwords over 72 bytes: no such password matches
+            return False
+
+    def _token(self, user: str, password: str) -> bytes:
+        message = user.encode() + b"\0" + password.encode()
+        return hmac.new(self._key, message, hashlib.sha256).digest()
+
+
+def _decode_basic(authorization: str | None) -> tuple[str, str] | None:
+    """(user, password) from an ``Authorization: Basic`` header, or None when it is not one."""
+    scheme, _, encoded = (authorization or "").strip().partition(" ")
+    if scheme.lower() != "basic":
+        return None
+    try:
+        decoded = base64.b64decode(encoded.strip(), validate=True).decode("utf-8")
+    except ValueError:  # bad base64 or not UTF-8 (binascii.Error is a ValueError)
+        return None
+    user, colon, password = decoded.partition(":")
+    return (user, password) if colon else None
+
+
+class TokenBucket:
+    """exporter-toolkit's ``rate_limit``: one request per interval, bursts up to ``burst``."""
+
+    def __init__(self, limit: RateLimit, clock: Callable[[], float] = time.monotonic) -> None:
+        self._interval = limit.interval
+        self._burst = float(limit.burst)
+        self._tokens = float(limit.burst)
+        self._clock = clock
+        self._last = clock()
+
+    def allow(self) -> bool:
+        now = self._clock()
+        self._tokens = min(self._burst, self._tokens + (now - self._last) / self._interval)
+        self._last = now
+        if self._tokens >= 1.0:
+            self._tokens -= 1.0
+            return True
+        return False
+
+
+class RequestGuard:
+    """The middleware and response headers for the web app, and the rejection counters (a
+    sample source of the sampler)."""
+
+    families: Sequence[Family] = (REJECTED,)
+
+    def __init__(
+        self,
+        web_config: WebConfig | None,
+        *,
+        max_requests: int,
+        auth_health: bool = False,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._max_requests = max_requests
+        self._auth_health = auth_health
+        self._in_flight = 0
+        self._rejected = dict.fromkeys(REASONS, 0)
+        self._labels = {reason: label_string({"reason": reason}) for reason in REASONS}
+        users = web_config.users if web_config else ()
+        self._passwords = PasswordCheck(users) if users else None
+        limit = web_config.rate_limit if web_config else None
+        self._bucket = TokenBucket(limit, clock) if limit else None
+        tls = web_config.tls if web_config else None
+        self._allowed_sans = _normalised_sans(tls.client_allowed_sans) if tls else frozenset()
+        self._headers: Mapping[str, str] = dict(web_config.headers) if web_config else {}
+
+    @property
+    def rejected(self) -> Mapping[str, int]:
+        return dict(self._rejected)
+
+    def samples(self) -> Iterator[Sample]:
+        for reason, count in self._rejected.items():
+            yield Sample(REJECTED, self._labels[reason], count)
+
+    def install(self, app: web.Application) -> None:
+        app.middlewares.append(self._middleware)
+        if self._headers:
+            app.on_response_prepare.append(self._add_headers)
+
+    @web.middleware
+    async def _middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path in HEALTH_PATHS:
+            if self._auth_health:
+                denied = await self._authenticate(request)
+                if denied is not None:
+                    return denied
+            return await handler(request)
+        if self._in_flight >= self._max_requests:
+            return self._reject("max_requests", HTTPStatus.SERVICE_UNAVAILABLE)
+        if self._bucket is not None and not self._bucket.allow():
+            return self._reject("rate_limit", HTTPStatus.TOO_MANY_REQUESTS)
+        self._in_flight += 1
+        try:
+            denied = await self._authenticate(request)
+            if denied is not None:
+                return denied
+            response = await handler(request)
+            # Sent while the slot is held: a client that reads slowly occupies it, as under
+            # Prometheus' own --web.max-requests.
+            await response.prepare(request)
+            await response.write_eof()
+            return response
+        finally:
+            self._in_flight -= 1
+
+    async def _authenticate(self, request: web.Request) -> web.Response | None:
+        """None when the request may proceed, else the answer to send."""
+        if self._allowed_sans and not self._has_allowed_san(request):
+            return self._reject("client_cert", HTTPStatus.FORBIDDEN)
+        if self._passwords is None:
+            return None
+        verdict = await self._passwords.check(request.headers.get("Authorization"))
+        if verdict is Verdict.ALLOWED:
+            return None
+        if verdict is Verdict.BUSY:
+            return self._reject("auth_busy", HTTPStatus.SERVICE_UNAVAILABLE)
+        response = self._reject("unauthorized", HTTPStatus.UNAUTHORIZED)
+        response.headers["WWW-Authenticate"] = REALM
+        return response
+
+    def _has_allowed_san(self, request: web.Request) -> bool:
+        transport = request.transport
+        peer = transport.get_extra_info("peercert") if transport is not None else None
+        names = peer.get("subjectAltName", ()) if isinstance(peer, dict) else ()
+        return any(_normalised_san(kind, value) in self._allowed_sans for kind, value in names)
+
+    def _reject(self, reason: str, status: HTTPStatus) -> web.Response:
+        self._rejected[reason] += 1
+        return web.Response(status=status, text=f"{status.phrase}\n")
+
+    async def _add_headers(self, request: web.Request, response: web.StreamResponse) -> None:
+        response.headers.update(self._headers)
+
+
+def _normalised_sans(sans: Iterable[str]) -> frozenset[str]:
+    return frozenset(_normalised_san("IP Address", san) for san in sans)
+
+
+def _normalised_san(kind: str, value: str) -> str:
+    """IP addresses in Go's form (as in client_allowed_sans); other names as they are."""
+    if kind == "IP Address":
+        try:
+            return str(ipaddress.ip_address(value.strip()))
+        except ValueError:
+            return value
+    return value

@@ -1,0 +1,289 @@
+"""Endpoint security as a scraper meets it: real TLS and basic auth over loopback, request limits,
+slow clients, and a bad web config refused at start."""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from gpu_exporter.app import Exporter, build_exporter, start_web_server
+from gpu_exporter.collectors import Cadence
+from gpu_exporter.config import Config, SimulatorConfig
+from gpu_exporter.server import make_web_app
+from gpu_exporter.webconfig import load_web_config
+from gpu_exporter.webguard import RequestGuard
+from tests.helpers import make_config, one, parse_exposition
+from tests.web_helpers import PASSWORD, USER, Pki, bcrypt_hash, write_web_config
+
+
+def basic(user: str, password: str) -> dict[str, str]:
+    return {"Authorization": aiohttp.encode_basic_auth(user, password)}
+
+
+GOOD = basic(USER, PASSWORD)
+
+
+@pytest.fixture
+def pki(tmp_path: Path) -> Pki:
+    return Pki.create(tmp_path)
+
+
+def tls_auth_config(pki: Pki, extra_tls: str = "") -> Path:
+    return write_web_config(
+        pki.directory,
+        "tls_server_config:\n"
+        "  cert_file: server.crt\n"
+        "  key_file: server.key\n"
+        f"{extra_tls}"
+        "http_server_config:\n"
+        "  headers: {X-Content-Type-Options: nosniff}\n"
+        "basic_auth_users:\n"
+        f"  {USER}: {bcrypt_hash(PASSWORD)}\n",
+    )
+
+
+@asynccontextmanager
+async def running_exporter(config: Config) -> AsyncIterator[Exporter]:
+    exporter = build_exporter(config)
+    await exporter.start()
+    try:
+        await exporter.sampler.wait_for_rounds(Cadence.FAST, 1)
+        yield exporter
+    finally:
+        await exporter.stop()
+
+
+def simulated(web_config: Path | None, **overrides: Any) -> Config:
+    return make_config(
+        simulator=SimulatorConfig(),
+        fast_interval=0.2,
+        slow_interval=1.0,
+        web_config_file=web_config,
+        web=load_web_config(web_config) if web_config else None,
+        **overrides,
+    )
+
+
+async def status_of(session: aiohttp.ClientSession, path: str, **kwargs: Any) -> int:
+    async with session.get(path, **kwargs) as response:
+        await response.read()
+        return response.status
+
+
+async def test_scraping_needs_credentials_and_is_served_over_tls(pki: Pki) -> None:
+    async with running_exporter(simulated(tls_auth_config(pki))) as exporter:
+        url = f"https://127.0.0.1:{exporter.port}"
+        connector = aiohttp.TCPConnector(ssl=pki.client_context())
+        async with aiohttp.ClientSession(url, connector=connector) as session:
+            async with session.get("/metrics") as response:
+                assert response.status == 401, "no credentials must be refused"
+                assert response.headers["WWW-Authenticate"].startswith('Basic realm="')
+                assert response.headers["X-Content-Type-Options"] == "nosniff", (
+                    "configured headers go on every response, refusals too"
+                )
+            wrong = basic(USER, "guess")
+            assert await status_of(session, "/metrics", headers=wrong) == 401, "wrong password"
+            stranger = basic("mallory", PASSWORD)
+            assert await status_of(session, "/metrics", headers=stranger) == 401, "unknown user"
+            async with session.get("/metrics", headers=GOOD) as response:
+                assert response.status == 200
+                assert "gpu_up" in await response.text()
+            for probe in ("/healthz", "/readyz"):
+                assert await status_of(session, probe) in (200, 503), (
+                    f"{probe} must answer kubelet probes, which send no credentials"
+                )
+                assert await status_of(session, probe) != 401
+            assert await status_of(session, "/", headers=GOOD) == 200
+            assert await status_of(session, "/") == 401, "the landing page lists GPU UUIDs"
+            await exporter.sampler.wait_for_rounds(Cadence.FAST, 1)  # the counter is rendered
+            async with session.get("/metrics", headers=GOOD) as response:
+                series = parse_exposition(await response.text())
+            rejected = one(
+                series, "gpu_exporter_http_requests_rejected_total", reason="unauthorized"
+            )
+            assert rejected == 4, "each refused request is counted once"
+        async with aiohttp.ClientSession() as plain:
+            with pytest.raises(aiohttp.ClientError):
+                await status_of(plain, f"http://127.0.0.1:{exporter.port}/metrics")
+
+
+async def test_health_endpoints_need_credentials_when_configured(pki: Pki) -> None:
+    config = simulated(tls_auth_config(pki), web_auth_health=True)
+    async with running_exporter(config) as exporter:
+        connector = aiohttp.TCPConnector(ssl=pki.client_context())
+        url = f"https://127.0.0.1:{exporter.port}"
+        async with aiohttp.ClientSession(url, connector=connector) as session:
+            assert await status_of(session, "/healthz") == 401
+            assert await status_of(session, "/readyz") == 401
+            assert await status_of(session, "/healthz", headers=GOOD) == 200
+
+
+# -- the web server alone, over a stub sampler --------------------------------------------------
+
+
+@dataclass
+class StubSampler:
+    """What the endpoints read from the sampler: a healthy, ready, empty exporter."""
+
+    ready: bool = True
+
+    def healthy(self) -> bool:
+        return True
+
+    def problems(self) -> list[str]:
+        return []
+
+    @property
+    def exposition(self) -> Any:
+        from gpu_exporter.exposition import render
+
+        return render(())
+
+
+class Gate:
+    """A route whose requests wait until released, to hold request slots without sleeping."""
+
+    def __init__(self, expected: int) -> None:
+        self.entered = 0
+        self.all_in = asyncio.Event()
+        self.release = asyncio.Event()
+        self.expected = expected
+
+    async def handle(self, request: web.Request) -> web.Response:
+        self.entered += 1
+        if self.entered == self.expected:
+            self.all_in.set()
+        await self.release.wait()
+        return web.Response(text="done\n")
+
+
+@asynccontextmanager
+async def serving(
+    config: Config, guard: RequestGuard, routes: list[web.RouteDef] | None = None
+) -> AsyncIterator[str]:
+    app = make_web_app(StubSampler(), routes or [], guard)  # type: ignore[arg-type]
+    runner = await start_web_server(app, config)
+    try:
+        scheme = "https" if config.web and config.web.tls else "http"
+        yield f"{scheme}://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
+
+
+def guard_for(config: Config) -> RequestGuard:
+    return RequestGuard(
+        config.web, max_requests=config.web_max_requests, auth_health=config.web_auth_health
+    )
+
+
+async def test_mutual_tls_refuses_a_client_without_a_certificate(pki: Pki) -> None:
+    path = tls_auth_config(
+        pki,
+        "  client_auth_type: RequireAndVerifyClientCert\n"
+        "  client_ca_file: ca.crt\n"
+        "  client_allowed_sans: [scraper.example]\n",
+    )
+    config = make_config(web=load_web_config(path))
+    async with serving(config, guard_for(config)) as url:
+        anonymous = aiohttp.TCPConnector(ssl=pki.client_context())
+        async with aiohttp.ClientSession(url, connector=anonymous) as session:
+            with pytest.raises((aiohttp.ClientError, ssl.SSLError)):
+                await status_of(session, "/metrics", headers=GOOD)
+        trusted = aiohttp.TCPConnector(ssl=pki.client_context("scraper.example"))
+        async with aiohttp.ClientSession(url, connector=trusted) as session:
+            assert await status_of(session, "/metrics", headers=GOOD) == 200
+        other = aiohttp.TCPConnector(ssl=pki.client_context("intruder.example"))
+        async with aiohttp.ClientSession(url, connector=other) as session:
+            assert await status_of(session, "/metrics", headers=GOOD) == 403, (
+                "a certificate from the CA but without an allowed SAN is refused"
+            )
+
+
+async def test_requests_beyond_max_requests_get_503_at_once_and_probes_still_answer() -> None:
+    config = make_config(web_max_requests=2)
+    guard = guard_for(config)
+    gate = Gate(expected=2)
+    async with (
+        serving(config, guard, [web.get("/hold", gate.handle)]) as url,
+        aiohttp.ClientSession(url) as session,
+    ):
+        held = [asyncio.create_task(status_of(session, "/hold")) for _ in range(2)]
+        await asyncio.wait_for(gate.all_in.wait(), 5)
+        assert await status_of(session, "/metrics") == 503, "a third request is refused"
+        assert await status_of(session, "/healthz") == 200, "probes are never limited"
+        gate.release.set()
+        assert await asyncio.gather(*held) == [200, 200]
+        assert await status_of(session, "/metrics") == 200, "slots are given back"
+    assert guard.rejected["max_requests"] == 1
+
+
+async def raw_exchange(url: str, request: bytes) -> tuple[bytes, float]:
+    """Send ``request`` bytes and read until the server closes: (what came back, seconds)."""
+    port = int(url.rsplit(":", 1)[1])
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    started = time.monotonic()
+    writer.write(request)
+    await writer.drain()
+    try:
+        answer = await asyncio.wait_for(reader.read(), 5.0)  # a bound, not a wait
+    finally:
+        writer.close()
+    return answer, time.monotonic() - started
+
+
+async def test_oversized_request_heads_are_refused() -> None:
+    config = make_config()
+    async with serving(config, guard_for(config)) as url:
+        huge_field = b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 9000 + b"\r\n\r\n"
+        answer, _ = await raw_exchange(url, huge_field)
+        assert answer.split(b" ", 2)[1] in (b"400", b"431"), answer[:80]
+        many = b"".join(b"X-H%d: v\r\n" % i for i in range(200))
+        answer, _ = await raw_exchange(url, b"GET /metrics HTTP/1.1\r\n" + many + b"\r\n")
+        assert answer.split(b" ", 2)[1] in (b"400", b"431"), answer[:80]
+
+
+async def test_a_client_that_never_finishes_its_request_head_is_disconnected() -> None:
+    config = make_config(web_read_timeout=0.5)
+    async with serving(config, guard_for(config)) as url:
+        answer, waited = await raw_exchange(url, b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slo")
+        assert answer == b"", "the half-sent request must get no answer, only a closed socket"
+        assert 0.4 <= waited < 4.0, f"closed after {waited:.2f}s, expected about 0.5s"
+
+
+def test_the_cli_refuses_a_bad_web_config_in_one_line(tmp_path: Path) -> None:
+    path = write_web_config(
+        tmp_path, "tls_server_config:\n  cert_file: missing.crt\n  key_file: missing.key\n"
+    )
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpu_exporter",
+            "--simulate",
+            "--listen=127.0.0.1:0",
+            f"--web.config.file={path}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, f"expected one line, got: {result.stderr}"
+    assert lines[0] == (
+        f"gpu-exporter: error: web config {path}: tls_server_config.cert_file: "
+        f"cannot read {tmp_path / 'missing.crt'}: No such file or directory"
+    )
