@@ -336,8 +336,10 @@ def parse_config(argv: Sequence[str], environ: Mapping[str, str] | None = None) 
     )
 
 
-def with_web_config(config: Config) -> Config:
-    """Load ``--web.config.file`` once, at start: a bad file is a usage error (exit 2)."""
+def load_files(config: Config) -> Config:
+    """Read the files the flags name, once, at start: a bad file is a usage error (exit 2)."""
+    if config.xid_classes is not None:
+        _check_xid_classes(config.xid_classes)
     if config.web_config_file is None:
         return config
     from .webconfig import WebConfigError, load_web_config
@@ -363,7 +365,7 @@ def run(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = N
     from .nvml import NvmlUnavailable
 
     try:
-        config = with_web_config(parse_config(sys.argv[1:] if argv is None else argv, environ))
+        config = load_files(parse_config(sys.argv[1:] if argv is None else argv, environ))
     except UsageError as exc:
         return _fail(str(exc), EXIT_USAGE)
     configure_logging(config.log_format, config.log_level)

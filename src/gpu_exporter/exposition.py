@@ -163,6 +163,19 @@ def wants_openmetrics(accept: str) -> bool:
     return openmetrics > 0 and openmetrics >= text
 
 
+def accepts_gzip(accept_encoding: str) -> bool:
+    """True when the client's Accept-Encoding allows gzip (RFC 9110 12.5.3): named with a
+    non-zero weight (``x-gzip`` is the same coding), or not named and allowed by ``*``."""
+    weights: dict[str, float] = {}
+    for item in accept_encoding.split(","):
+        coding, weight = _media_range(item)  # a coding is weighted as a media range is
+        weights[coding] = max(weight, weights.get(coding, 0.0))
+    for name in ("gzip", "x-gzip"):
+        if name in weights:
+            return weights[name] > 0
+    return weights.get("*", 0.0) > 0
+
+
 def _media_range(item: str) -> tuple[str, float]:
     """``Type/Sub; version=1; Q=0.5`` -> ``("type/sub", 0.5)``: names are case-insensitive."""
     media, *params = item.split(";")

@@ -9,7 +9,12 @@ from typing import Any
 from aiohttp import web
 
 from . import __version__
-from .exposition import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE, wants_openmetrics
+from .exposition import (
+    OPENMETRICS_CONTENT_TYPE,
+    TEXT_CONTENT_TYPE,
+    accepts_gzip,
+    wants_openmetrics,
+)
 from .sampler import Sampler
 from .webguard import RequestGuard
 
@@ -55,7 +60,7 @@ async def metrics(request: web.Request) -> web.Response:
     """Serve the last render: no NVML call, no encoding work beyond a cached gzip."""
     exposition = request.app[SAMPLER_KEY].exposition
     openmetrics = wants_openmetrics(request.headers.get("Accept", ""))
-    gzipped = "gzip" in request.headers.get("Accept-Encoding", "")
+    gzipped = accepts_gzip(request.headers.get("Accept-Encoding", ""))
     headers = {"Content-Type": OPENMETRICS_CONTENT_TYPE if openmetrics else TEXT_CONTENT_TYPE}
     if gzipped:
         headers["Content-Encoding"] = "gzip"

@@ -119,6 +119,16 @@ async def test_gzip_is_served_when_asked(exporter: Exporter) -> None:
     assert "gpu_info{" in body
 
 
+async def test_gzip_refused_by_weight_is_not_sent(exporter: Exporter) -> None:
+    url = f"http://127.0.0.1:{exporter.port}/metrics"
+    async with (
+        aiohttp.ClientSession(auto_decompress=False) as raw,
+        raw.get(url, headers={"Accept-Encoding": "gzip;q=0, identity"}) as response,
+    ):
+        assert "Content-Encoding" not in response.headers, "gzip was sent though refused"
+        assert "gpu_info{" in (await response.read()).decode()
+
+
 async def test_health_readiness_and_landing_page(client: aiohttp.ClientSession) -> None:
     async with client.get("/healthz") as response:
         assert response.status == 200

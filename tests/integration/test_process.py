@@ -92,6 +92,21 @@ def test_a_bad_scenario_is_one_line_naming_file_and_key(tmp_path: Path) -> None:
     assert "H900" in lines[0]
 
 
+def test_a_bad_xid_classes_file_is_one_line_naming_file_and_line(tmp_path: Path) -> None:
+    overrides = tmp_path / "classes.yaml"
+    overrides.write_text("13: {class: hardware}\n999999999999: {class: nonsense}\n")
+    result = subprocess.run(
+        exporter_command("--simulate", "--xid-classes", str(overrides)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, f"expected one line, got:\n{result.stderr}"
+    assert str(overrides) in lines[0]
+
+
 def test_a_missing_scenario_file_is_one_line() -> None:
     result = subprocess.run(
         exporter_command("--simulate", "/nonexistent/node.yaml"),
