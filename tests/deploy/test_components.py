@@ -118,7 +118,11 @@ def test_privileged_is_opt_in_only(variants: dict[str, list[Resource]]) -> None:
         else:
             assert security["privileged"] is False, name
             assert security["allowPrivilegeEscalation"] is False, name
-    assert set(COMPONENTS) == set(FEATURE_OFF) | {"default-runtime", "kmsg-privileged"}
+    assert set(COMPONENTS) == set(FEATURE_OFF) | {
+        "default-runtime",
+        "kmsg-privileged",
+        "web-config",
+    }
 
 
 def test_least_privilege_pod(base: list[Resource]) -> None:
@@ -162,3 +166,31 @@ def test_rolling_update_keeps_at_most_one_pod_per_node(base: list[Resource]) -> 
     assert strategy["type"] == "RollingUpdate"
     assert strategy["rollingUpdate"]["maxSurge"] == 0  # two pods would share the Xid journal
     assert strategy["rollingUpdate"]["maxUnavailable"] == 1
+
+
+def test_web_config_mounts_its_secret_and_speaks_https_and_nothing_else(
+    variants: dict[str, list[Resource]],
+) -> None:
+    """What the web-config component must change, applied by hand to the default install."""
+    expected = copy.deepcopy(variants["base"])
+    spec = daemonset(expected)["spec"]["template"]["spec"]
+    spec["volumes"].insert(  # kustomize puts new list items first
+        0,
+        {"name": "web-config", "secret": {"secretName": "gpu-exporter-web", "defaultMode": 0o400}},
+    )
+    main = container(expected)
+    main["env"].insert(
+        0, {"name": "GPU_EXPORTER_WEB_CONFIG_FILE", "value": "/etc/gpu-exporter/web/web.yml"}
+    )
+    main["volumeMounts"].insert(
+        0, {"name": "web-config", "mountPath": "/etc/gpu-exporter/web", "readOnly": True}
+    )
+    for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+        main[probe]["httpGet"]["scheme"] = "HTTPS"
+    monitor = next(r for r in expected if r["kind"] == "ServiceMonitor")
+    monitor["spec"]["endpoints"][0]["scheme"] = "https"
+    monitor["spec"]["endpoints"][0]["tlsConfig"] = {
+        "ca": {"secret": {"name": "gpu-exporter-scrape", "key": "ca.crt"}},
+        "serverName": "gpu-exporter.gpu-exporter.svc",
+    }
+    assert variants["web-config"] == expected, "web-config changed more than TLS and its Secret"

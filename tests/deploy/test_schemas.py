@@ -140,7 +140,12 @@ def test_servicemonitor_structure(variants: dict[str, list[Resource]]) -> None:
                 "honorLabels",
                 "relabelings",
                 "metricRelabelings",
+                "tlsConfig",
+                "basicAuth",
             }
+            tls = endpoint.get("tlsConfig", {})
+            assert set(tls) <= {"ca", "cert", "keySecret", "serverName", "insecureSkipVerify"}
+            assert ("tlsConfig" in endpoint) == (endpoint.get("scheme") == "https")
             assert DURATION.match(endpoint["interval"])
             assert DURATION.match(endpoint["scrapeTimeout"])
             check_relabelings(endpoint.get("relabelings", []))
