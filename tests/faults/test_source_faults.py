@@ -9,10 +9,9 @@ import threading
 from collections import deque
 from pathlib import Path
 
-from gpu_exporter.xid import XidSubsystem
 from gpu_exporter.xid.kmsg import KmsgSyscalls
 from tests.helpers import Series, one, select
-from tests.xid.conftest import fake_devices, value, wait_until, xid_count
+from tests.xid.conftest import plain_subsystem, value, wait_until, xid_count
 
 from .rig import fault_rig
 
@@ -104,15 +103,7 @@ async def test_records_overwritten_under_the_reader_are_counted_and_reading_goes
     tmp_path: Path,
 ) -> None:
     kmsg = OverwrittenKmsg()
-    xid = XidSubsystem(
-        devices=fake_devices,
-        kmsg_path=tmp_path / "kmsg",
-        state_dir=tmp_path / "state",
-        nvml_events=False,
-        boot_id="boot-1",
-        poll_interval=0.02,
-        kmsg_syscalls=kmsg.syscalls,
-    )
+    xid = plain_subsystem(tmp_path, kmsg_syscalls=kmsg.syscalls)
     await xid.start()
     try:
         kmsg.record(1, gpu0_xid(13))

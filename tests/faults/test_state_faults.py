@@ -4,13 +4,19 @@ exporter keeps serving and counting, says so in a metric, and recovers without a
 from __future__ import annotations
 
 import errno
-import os
 from pathlib import Path
 
 from gpu_exporter.xid import XidSubsystem
 from gpu_exporter.xid.journal import LOG_NAME, SNAPSHOT_NAME
 from tests.helpers import Series, one
-from tests.xid.conftest import KmsgFile, fake_devices, value, wait_until, xid_count
+from tests.xid.conftest import (
+    FillableDisk,
+    KmsgFile,
+    plain_subsystem,
+    value,
+    wait_until,
+    xid_count,
+)
 
 from .rig import fault_rig, xid_counts
 
@@ -18,30 +24,8 @@ GPU0_XID13 = "NVRM: Xid (PCI:0000:18:00): 13, pid=4242, name=python, Graphics Ex
 GPU0_XID48 = "NVRM: Xid (PCI:0000:18:00): 48, pid='<unknown>', name=<unknown>, DBE"
 
 
-class FillableDisk:
-    """``os.write`` on a disk that fills up: while ``error`` is set every write fails with it
-    (ENOSPC full, EROFS remounted read-only), as the kernel reports either."""
-
-    def __init__(self) -> None:
-        self.error: int | None = None
-
-    def write(self, fd: int, data: memoryview) -> int:
-        if self.error is not None:
-            raise OSError(self.error, os.strerror(self.error))
-        return os.write(fd, data)
-
-
 def subsystem(tmp_path: Path, disk: FillableDisk) -> XidSubsystem:
-    return XidSubsystem(
-        devices=fake_devices,
-        kmsg_path=tmp_path / "kmsg",
-        state_dir=tmp_path / "state",
-        nvml_events=False,
-        boot_id="boot-1",
-        poll_interval=0.02,
-        journal_write=disk.write,
-        journal_repair_interval=0.05,
-    )
+    return plain_subsystem(tmp_path, journal_write=disk.write, journal_repair_interval=0.05)
 
 
 def journal_ok(xid: XidSubsystem) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -26,6 +27,33 @@ MIG1 = DeviceId(
     compute_instance_id=0,
     mig_profile="1g.10gb",
 )
+
+
+class FillableDisk:
+    """``os.write`` on a disk that fills up: while ``error`` is set every write fails with it
+    (ENOSPC full, EROFS remounted read-only), as the kernel reports either. Neither can be made
+    on demand without privileges, and an open descriptor ignores later permission changes."""
+
+    def __init__(self) -> None:
+        self.error: int | None = None
+
+    def write(self, fd: int, data: memoryview) -> int:
+        if self.error is not None:
+            raise OSError(self.error, os.strerror(self.error))
+        return os.write(fd, data)
+
+
+def plain_subsystem(tmp_path: Path, **overrides: Any) -> XidSubsystem:
+    """A subsystem on the fake devices, reading ``tmp_path/kmsg`` into ``tmp_path/state``."""
+    params: dict[str, Any] = {
+        "devices": fake_devices,
+        "kmsg_path": tmp_path / "kmsg",
+        "state_dir": tmp_path / "state",
+        "nvml_events": False,
+        "boot_id": "boot-1",
+        "poll_interval": 0.02,
+    }
+    return XidSubsystem(**{**params, **overrides})
 
 
 def fake_devices() -> list[Device]:
@@ -100,16 +128,8 @@ def xid_count(subsystem: XidSubsystem) -> float:
 @pytest.fixture
 def make_subsystem(kmsg: KmsgFile, state_dir: Path) -> Callable[..., XidSubsystem]:
     def make(**overrides: Any) -> XidSubsystem:
-        params: dict[str, Any] = {
-            "devices": fake_devices,
-            "kmsg_path": kmsg.path,
-            "state_dir": state_dir,
-            "nvml_events": False,
-            "boot_id": "boot-1",
-            "poll_interval": 0.02,
-        }
-        params.update(overrides)
-        return XidSubsystem(**params)
+        paths = {"kmsg_path": kmsg.path, "state_dir": state_dir}
+        return plain_subsystem(kmsg.path.parent, **{**paths, **overrides})
 
     return make
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import errno
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -13,6 +12,8 @@ from gpu_exporter.devices import DeviceId
 from gpu_exporter.xid import XidCore, load_classifier
 from gpu_exporter.xid.core import SOURCE_KMSG, Observation
 from gpu_exporter.xid.journal import LOG_NAME, SNAPSHOT_NAME, Journal
+
+from .conftest import FillableDisk
 
 GPU = DeviceId(index=0, uuid="GPU-0000", pci_bus_id="00000000:18:00.0")
 
@@ -129,19 +130,6 @@ def test_journal_is_json_lines(state_dir: Path) -> None:
     core_for(state_dir).observe([kmsg_xid(13, 1)])
     lines = (state_dir / LOG_NAME).read_text().splitlines()
     assert [json.loads(line)["op"] for line in lines] == ["count"]
-
-
-class FillableDisk:
-    """``os.write`` on a disk that can fill up: while ``error`` is set, every write fails with it
-    (ENOSPC for a full disk, EROFS for a read-only remount), as the kernel reports either."""
-
-    def __init__(self) -> None:
-        self.error: int | None = None
-
-    def write(self, fd: int, data: memoryview) -> int:
-        if self.error is not None:
-            raise OSError(self.error, os.strerror(self.error))
-        return os.write(fd, data)
 
 
 @pytest.mark.parametrize("error", [errno.ENOSPC, errno.EROFS], ids=["full", "read-only"])
