@@ -32,6 +32,7 @@ import argparse
 import asyncio
 import gzip
 import json
+import math
 import random
 import re
 import statistics
@@ -72,6 +73,7 @@ VARIANTS = (  # (gzip, openmetrics), taken in turn by every scraper
 OPENMETRICS_ACCEPT = "application/openmetrics-text; version=1.0.0"
 EVENTS_PATH = "/-/simulator/events"
 TAG = "soak"
+MARKDOWN_ROWS = 20
 
 
 def log(message: str) -> None:
@@ -561,7 +563,7 @@ async def soak(proc: Proc, params: Params) -> dict[str, Any]:
     started = time.monotonic()
     load = Load()
     injector = Injector(proc.port, params)
-    series_at_start = _series(await injector.scrape())
+    series_at_start = series_by_metric(await injector.scrape())
     stop_load, stop_events = asyncio.Event(), asyncio.Event()
     scrapers = [
         asyncio.create_task(scraper(n, proc.port, load, stop_load)) for n in range(params.scrapers)
@@ -600,7 +602,7 @@ async def soak(proc: Proc, params: Params) -> dict[str, Any]:
             "releases": injector.done.releases,
             "gpu_losses": injector.done.losses,
         },
-        "series": {"start": series_at_start, "end": _series(final)},
+        "series": series_growth(series_at_start, series_by_metric(final)),
         "error_examples": load.error_examples,
         "exporter_log": {"levels": dict(proc.levels), "warnings_and_errors": dict(proc.events)},
         "verdicts": {
@@ -611,8 +613,20 @@ async def soak(proc: Proc, params: Params) -> dict[str, Any]:
     }
 
 
-def _series(exposition: str) -> int:
-    return sum(1 for line in exposition.splitlines() if line and not line.startswith("#"))
+def series_by_metric(exposition: str) -> Counter[str]:
+    """How many series each metric has (the name before ``{`` or the value)."""
+    return Counter(
+        line.split("{", 1)[0].split(" ", 1)[0]
+        for line in exposition.splitlines()
+        if line and not line.startswith("#")
+    )
+
+
+def series_growth(start: Counter[str], end: Counter[str]) -> dict[str, Any]:
+    changed = {
+        name: [start[name], end[name]] for name in sorted(start | end) if start[name] != end[name]
+    }
+    return {"start": start.total(), "end": end.total(), "changed": changed}
 
 
 # --------------------------------------------------------------------------- report
@@ -677,9 +691,11 @@ def verdict_lines(verdicts: Mapping[str, Mapping[str, Any]]) -> Iterable[str]:
 
 
 def markdown(report: Mapping[str, Any]) -> str:
-    """The table and verdicts as Markdown (for docs/performance.md)."""
+    """The table (at most MARKDOWN_ROWS evenly spaced samples) and verdicts as Markdown."""
     out = ["| " + " | ".join(name for name, _ in COLUMNS) + " |", "|---" * len(COLUMNS) + "|"]
-    for s in report["samples"]:
+    samples = report["samples"]
+    step = math.ceil(len(samples) / MARKDOWN_ROWS)  # every sample stays in the JSON
+    for s in samples[step - 1 :: step]:
         out.append(
             f"| {s['t']:.0f} | {s['rss_mib']:.1f} | {s['scrapes_per_s']:.0f} | {s['p50_ms']:.1f} "
             f"| {s['p99_ms']:.1f} | {s['errors']} | {s['xids_injected']} "
