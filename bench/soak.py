@@ -35,6 +35,7 @@ import json
 import math
 import random
 import re
+import signal
 import statistics
 import sys
 import tempfile
@@ -561,6 +562,10 @@ async def settle(injector: Injector, limit: float) -> dict[tuple[str, str], floa
 
 async def soak(proc: Proc, params: Params) -> dict[str, Any]:
     started = time.monotonic()
+    # SIGTERM (kill, a timeout) cancels the run, so main() still stops the exporter child.
+    task = asyncio.current_task()
+    assert task is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
     load = Load()
     injector = Injector(proc.port, params)
     series_at_start = series_by_metric(await injector.scrape())
@@ -717,7 +722,7 @@ def parse_args(argv: list[str] | None) -> tuple[Params, argparse.Namespace]:
     add("--warmup", type=float, help="seconds before RSS counts (default min(60, duration/5))")
     add("--rss-tolerance", type=float, default=defaults.rss_tolerance_pct, help="percent (5)")
     add("--xid-every", type=float, default=defaults.xid_every, help="mean s between Xids (3)")
-    add("--loss-every", type=float, default=defaults.loss_every, help="mean s between losses")
+    add("--loss-every", type=float, help="mean s between GPU losses (min(60, duration/3))")
     add(
         "--loss-window-probe",
         action=argparse.BooleanOptionalAction,
@@ -736,7 +741,7 @@ def parse_args(argv: list[str] | None) -> tuple[Params, argparse.Namespace]:
         warmup=args.warmup if args.warmup is not None else min(60.0, args.duration / 5),
         rss_tolerance_pct=args.rss_tolerance,
         xid_every=args.xid_every,
-        loss_every=args.loss_every,
+        loss_every=args.loss_every or min(defaults.loss_every, args.duration / 3),
         loss_window_probe=args.loss_window_probe,
     )
     return params, args
@@ -759,6 +764,9 @@ def main(argv: list[str] | None = None) -> int:
             log(f"exporter pid {proc.pid} on port {proc.port}; {params.duration:.0f} s of soak")
             report.update(asyncio.run(soak(proc, params)))
             report["exporter_peak_rss_mib"] = round(proc_status_kib(proc.pid, "VmHWM") / 1024, 2)
+        except asyncio.CancelledError:
+            log("stopped by SIGTERM; no verdicts")
+            return 128 + signal.SIGTERM
         finally:
             proc.stop()
     report["scenario"] = str(SCENARIO.relative_to(ROOT))
