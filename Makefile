@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: run test lint system-deps bench demo lock sync-monitoring proto fuzz clean
+.PHONY: run test lint system-deps bench soak demo lock sync-monitoring proto fuzz clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -68,6 +68,11 @@ fuzz: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/run.py $(ARGS)
+
+## soak: 10 minutes of 64 scrapers with Xids, allocation changes and GPU losses injected; fails on a
+## lost or double-counted Xid, a scrape error or RSS growth (ARGS='--duration 60' for a smoke run)
+soak: $(STAMP)
+	$(BIN)/python bench/soak.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -19,11 +19,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime as dt
-import http.client
 import json
 import os
-import platform
 import random
 import re
 import shlex
@@ -32,17 +29,26 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-BENCH = Path(__file__).resolve().parent
-ROOT = BENCH.parent
-sys.path.insert(0, str(BENCH))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from loadgen import percentile, pick_generator, run_load  # noqa: E402
+import harness
+from harness import (
+    BENCH,
+    ROOT,
+    Http,
+    Proc,
+    log,
+    proc_cpu_seconds,
+    proc_status_kib,
+    start_exporter,
+    wait_ready,
+)
+from loadgen import percentile, pick_generator, run_load
 
 SHAPES = {
     "gpu8": ("8x H100", BENCH / "scenarios" / "gpu8.yaml"),
@@ -57,7 +63,6 @@ SERVER_TITLES = {
     "client": "(a) prometheus_client",
     "raw": "(b) raw asyncio",
 }
-STARTUP_LIMIT = 60.0
 XID_CODE = 13
 
 
@@ -82,67 +87,8 @@ EXTRA_ARGS: list[str] = []  # --exporter-args, appended to every exporter comman
 PARTS = ("sampler", "ready", "cpu", "xid", "latency")
 
 
-def log(message: str) -> None:
-    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-# --------------------------------------------------------------------------- processes
-
-
-@dataclass
-class Proc:
-    """A child process whose stderr is drained on a thread (the last lines kept for errors)."""
-
-    popen: subprocess.Popen[str]
-    started: float
-    tail: list[str] = field(default_factory=list)
-    listening: threading.Event = field(default_factory=threading.Event)
-    port: int = 0
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def stop(self) -> None:
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGTERM)
-            try:
-                self.popen.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait()
-
-
-def _drain(proc: Proc) -> None:
-    assert proc.popen.stderr is not None
-    for line in proc.popen.stderr:
-        proc.tail = [*proc.tail[-30:], line.rstrip()]
-        if not proc.listening.is_set() and '"listening"' in line:
-            with contextlib.suppress(ValueError, KeyError):
-                event = json.loads(line)
-                if event.get("event") == "listening":
-                    proc.port = int(event["address"].rsplit(":", 1)[1])
-                    proc.listening.set()
-
-
-def start_exporter(command: list[str], env: dict[str, str] | None = None) -> Proc:
-    started = time.perf_counter()
-    popen = subprocess.Popen(
-        command,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
-        cwd=ROOT,
-    )
-    proc = Proc(popen, started)
-    threading.Thread(target=_drain, args=(proc,), daemon=True).start()
-    deadline = time.monotonic() + STARTUP_LIMIT
-    while not proc.listening.wait(0.01):
-        if popen.poll() is not None or time.monotonic() > deadline:
-            proc.stop()
-            raise RuntimeError("exporter did not start:\n" + "\n".join(proc.tail))
-    return proc
+def exporter_args(scenario: Path, work: Path) -> list[str]:
+    return harness.exporter_args(scenario, work, EXTRA_ARGS)
 
 
 def start_baseline(kind: str, exposition: Path) -> Proc:
@@ -161,72 +107,6 @@ def start_baseline(kind: str, exposition: Path) -> Proc:
         raise RuntimeError(f"baseline {kind} did not start: {line!r}")
     proc.port = int(line.split()[1])
     return proc
-
-
-def exporter_args(scenario: Path, work: Path) -> list[str]:
-    return [
-        "--simulate",
-        str(scenario),
-        "--listen=127.0.0.1:0",
-        "--log-format=json",
-        "--log-level=info",  # the "listening" line is info
-        f"--kmsg-path={work / 'kmsg'}",
-        f"--state-dir={work / 'state'}",
-        *EXTRA_ARGS,
-    ]
-
-
-def proc_cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    ticks = os.sysconf("SC_CLK_TCK")
-    return (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
-
-
-def proc_status_kib(pid: int, key: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1])
-    return 0
-
-
-# --------------------------------------------------------------------------- HTTP helpers
-
-
-class Http:
-    """One keep-alive connection to 127.0.0.1:port."""
-
-    def __init__(self, port: int) -> None:
-        self._conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-
-    def get(self, path: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
-        try:
-            self._conn.request("GET", path, headers=headers or {})
-            response = self._conn.getresponse()
-            return response.status, response.read()
-        except (OSError, http.client.HTTPException):
-            self._conn.close()
-            raise
-
-    def close(self) -> None:
-        self._conn.close()
-
-
-def wait_ready(proc: Proc) -> float:
-    """Poll /readyz (every 5 ms) until 200; returns seconds since the process was started."""
-    client = Http(proc.port)
-    deadline = time.monotonic() + STARTUP_LIMIT
-    try:
-        while time.monotonic() < deadline:
-            with contextlib.suppress(OSError, http.client.HTTPException):
-                status, _ = client.get("/readyz")
-                if status == 200:
-                    return time.perf_counter() - proc.started
-            if proc.popen.poll() is not None:
-                break
-            time.sleep(0.005)
-    finally:
-        client.close()
-    raise RuntimeError("exporter never became ready:\n" + "\n".join(proc.tail))
 
 
 # --------------------------------------------------------------------------- measurements
@@ -518,37 +398,11 @@ def bench_sampler(shape: str, rounds: int) -> dict[str, Any]:
 
 
 def machine_info(generator: str) -> dict[str, Any]:
-    cpu = "unknown"
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    mem_kib = 0
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        mem_kib = int(Path("/proc/meminfo").read_text().splitlines()[0].split()[1])
-    commit = subprocess.run(
-        ["git", "describe", "--always", "--dirty"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        check=False,
-    ).stdout.strip()
     wrk = ""
     if generator == "wrk":
         wrk = subprocess.run(["wrk", "-v"], capture_output=True, text=True, check=False).stdout
         wrk = wrk.splitlines()[0] if wrk else "wrk"
-    return {
-        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "cpu": cpu,
-        "cpus": os.cpu_count(),
-        "memory_gib": round(mem_kib / 2**20, 1),
-        "kernel": platform.release(),
-        "python": platform.python_version(),
-        "commit": commit,
-        "load_generator": wrk or "python asyncio raw-socket client",
-        "loadavg_at_start": os.getloadavg(),
-    }
+    return {**harness.machine_info(), "load_generator": wrk or "python asyncio raw-socket client"}
 
 
 def fmt(value: Any, digits: int = 2) -> str:
@@ -880,10 +734,7 @@ def main(argv: list[str] | None = None) -> int:
     report["goals"] = goals(report["shapes"])
     report["elapsed_seconds"] = round(time.monotonic() - started, 1)
     print_report(report)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(report, indent=1, default=str) + "\n")
-    tmp.replace(args.out)
+    harness.write_json(args.out, report)
     print(
         f"\nwrote {args.out.relative_to(ROOT) if args.out.is_relative_to(ROOT) else args.out} "
         f"in {report['elapsed_seconds']:.0f} s"
