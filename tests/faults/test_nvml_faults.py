@@ -115,6 +115,7 @@ async def test_a_gpu_lost_until_reset_withdraws_its_series_and_the_reset_clears_
         await rig.settle()
         rig.inject({"type": "gpu_lost", "gpu": 1})
         rig.xid(1, 79, delivery="kmsg")  # fallen off the bus: kernel log only
+        rig.xid(0, 13, delivery="nvml")  # while the event set is being rebuilt
         lost = await rig.until(
             "GPU 1 down and a re-probe failed",
             lambda s: (
@@ -126,10 +127,10 @@ async def test_a_gpu_lost_until_reset_withdraws_its_series_and_the_reset_clears_
         assert "gpu_power_watts" not in gpu_families(lost, "1"), "a lost GPU's telemetry stays"
         assert drain(lost, "1", "hardware_xid") == 1
         assert one(lost, "gpu_up", gpu="0") == 1
-        # The NVML event set is rebuilt without the lost GPU, and an event still pending in the
-        # old one may go with it; the kernel line counts the Xid either way. Kernel-log only
-        # here, so that the tally of reports stays exact.
-        rig.xid(0, 31, delivery="kmsg")
+        # The NVML event set is rebuilt without the lost GPU: the other GPUs' events must
+        # survive that, even with no kernel line to fall back on.
+        rig.xid(0, 31, delivery="nvml")
+        rig.xid(2, 43)
 
         rig.inject({"type": "gpu_recovered", "gpu": 1})  # a GPU reset
         await rig.until(

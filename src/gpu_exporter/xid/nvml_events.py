@@ -3,8 +3,13 @@
 One event set holds every whole GPU (MIG instances report through their parent, with the
 instance in ``gpuInstanceId``). Waits are bounded (``wait_ms``) so a stop is seen promptly, and
 the set is rebuilt whenever the device inventory changes (a GPU lost or back after a reset,
-MIG reconfigured): NVML delivers only events that happen while registered, and a recovered GPU
-has a new handle.
+MIG reconfigured) or a wait fails (GpuIsLost: a GPU in the set dropped): NVML delivers only
+events that happen while registered, and a recovered GPU has a new handle.
+
+A rebuild first drains what the old set still holds (the other GPUs' Xids queued meanwhile), then
+registers the new one at once: only the first of consecutive failures rebuilds without a pause,
+so a set that fails every wait cannot spin. The GPUs that still answer keep their NVML events
+through another GPU's loss (the soak found them dropped for a second).
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from ..nvml import error_name
 
 NO_INSTANCE = 0xFFFFFFFF
 RETRY_S = 30.0
+FAILED_WAIT_BACKOFF_S = 1.0  # after a second failure in a row
+MAX_DRAINED = 1024  # events read from a set being replaced; more means it never empties
 
 _log = get_logger("xid.nvml_events")
 
@@ -79,6 +86,7 @@ class NvmlEventThread:
             self._thread.join(timeout)
 
     def _run(self) -> None:
+        failed_before = False  # the previous set ended on a failed wait
         while not self._stop.is_set():
             inventory = self._inventory()
             try:
@@ -87,11 +95,13 @@ class NvmlEventThread:
                 self._failed("nvmlEventSetCreate", exc)
                 self._stop.wait(RETRY_S)
                 continue
+            failed = False
             try:
                 registered = self._register(event_set, inventory)
                 self._on_up(bool(registered))
                 if registered:
-                    self._wait(event_set, registered, inventory.version)
+                    failed = self._wait(event_set, registered, inventory.version)
+                    self._drain(event_set, registered)
                 else:
                     self._idle_until_changed(inventory.version)
             except Exception:  # a bug here must not end Xid capture for good
@@ -103,6 +113,9 @@ class NvmlEventThread:
                     pynvml.nvmlEventSetFree(event_set)
                 except pynvml.NVMLError as exc:
                     self._failed("nvmlEventSetFree", exc)
+            if failed and failed_before:
+                self._stop.wait(FAILED_WAIT_BACKOFF_S)
+            failed_before = failed
         self._on_up(False)
 
     def _register(self, event_set: Any, inventory: Inventory) -> dict[int, DeviceId]:
@@ -121,17 +134,35 @@ class NvmlEventThread:
             registered[_address(device.handle)] = device.id
         return registered
 
-    def _wait(self, event_set: Any, registered: dict[int, DeviceId], version: int) -> None:
+    def _wait(self, event_set: Any, registered: dict[int, DeviceId], version: int) -> bool:
+        """Deliver events until stop or an inventory change (False), or a failed wait (True:
+        GpuIsLost and friends; the rebuilt set leaves out a GPU that cannot register)."""
         while not self._stop.is_set() and self._inventory().version == version:
             try:
                 data = pynvml.nvmlEventSetWait_v2(event_set, self._wait_ms)
             except pynvml.NVMLError_Timeout:
                 continue
             except pynvml.NVMLError as exc:
-                # GpuIsLost and friends: rebuild the set (the lost GPU will not register).
                 self._failed("nvmlEventSetWait_v2", exc)
-                self._stop.wait(1.0)
-                return
+                return True
+            if int(data.eventType) & pynvml.nvmlEventTypeXidCriticalError:
+                self._deliver(data, registered)
+        return False
+
+    def _drain(self, event_set: Any, registered: dict[int, DeviceId]) -> None:
+        """Deliver what a set about to be freed still holds, without waiting."""
+        lost_reports = 0
+        for _ in range(MAX_DRAINED):
+            try:
+                data = pynvml.nvmlEventSetWait_v2(event_set, 0)
+            except pynvml.NVMLError_GpuIsLost:
+                # A lost GPU's report; the others' events may follow it (at most one each).
+                lost_reports += 1
+                if lost_reports > len(registered):
+                    return
+                continue
+            except pynvml.NVMLError:
+                return  # Timeout: empty (or a failure: nothing more to read)
             if int(data.eventType) & pynvml.nvmlEventTypeXidCriticalError:
                 self._deliver(data, registered)
 
