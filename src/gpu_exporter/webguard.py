@@ -19,7 +19,6 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Se
 from enum import Enum
 from http import HTTPStatus
 
-import bcrypt
 from aiohttp import web
 
 from .exposition import Family, Sample, counter, label_string
@@ -60,8 +59,12 @@ class PasswordCheck:
     def __init__(
         self,
         users: Iterable[tuple[str, bytes]],
-        verify: Callable[[bytes, bytes], bool] = bcrypt.checkpw,
+        verify: Callable[[bytes, bytes], bool] | None = None,
     ) -> None:
+        if verify is None:
+            import bcrypt  # only with basic_auth_users: an exporter without them never loads it
+
+            verify = bcrypt.checkpw
         self._users = dict(users)
         self._verify = verify
         self._key = os.urandom(32)
