@@ -444,7 +444,12 @@ class Sampler:
             job.ok = False
             if state.up and not state.suspect:
                 state.suspect = True  # confirmed or dismissed by the next fast round's probe
-                _log.warning("gpu may be lost; probing it", gpu=state.index, function=exc.function)
+                self._log_once(
+                    ("suspect", state.index),
+                    "gpu may be lost; probing it",
+                    gpu=state.index,
+                    function=exc.function,
+                )
             return
         if exc is not None:
             job.ok = False
@@ -543,7 +548,8 @@ class Sampler:
         if isinstance(exc, DeviceLost):
             self._mark_lost(state, exc)
             return
-        _log.warning(
+        self._log_once(
+            ("dismissed", state.index),
             "a call answered GpuIsLost but the GPU still answers; not treated as lost",
             gpu=state.index,
             probe_error=None if exc is None else repr(exc),
