@@ -10,6 +10,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpu_exporter.app import Exporter, build_exporter
 from gpu_exporter.collectors import Cadence, collector_names
 from gpu_exporter.config import Config
 from gpu_exporter.nvml import WorkerPool
@@ -96,3 +97,15 @@ async def simulated_sampler(scenario: str, **config: Any) -> AsyncIterator[Simul
         pool.shutdown()
         node.close()
         uninstall()
+
+
+@asynccontextmanager
+async def running_exporter(config: Config) -> AsyncIterator[Exporter]:
+    """The whole exporter built from ``config``, started, with its first fast round rendered."""
+    exporter = build_exporter(config)
+    await exporter.start()
+    try:
+        await exporter.sampler.wait_for_rounds(Cadence.FAST, 1)
+        yield exporter
+    finally:
+        await exporter.stop()

@@ -15,10 +15,9 @@ from typing import Any
 
 import aiohttp
 
-from gpu_exporter.app import Exporter, build_exporter
-from gpu_exporter.collectors import Cadence
+from gpu_exporter.app import Exporter
 from gpu_exporter.config import SimulatorConfig
-from tests.helpers import Series, make_config, one, parse_exposition, select
+from tests.helpers import Series, make_config, one, parse_exposition, running_exporter, select
 
 # Three busy GPUs; GPU 0 is held by ml/trainer (pid 4242) through the simulated kubelet.
 SCENARIO = """
@@ -124,10 +123,5 @@ async def fault_rig(tmp_path: Path, scenario: str = SCENARIO, **config: Any) -> 
         "kmsg_path": tmp_path / "kmsg",
         "state_dir": tmp_path / "state",
     }
-    exporter = build_exporter(make_config(**{**settings, **config}))
-    await exporter.start()
-    try:
-        await exporter.sampler.wait_for_rounds(Cadence.FAST, 1)
+    async with running_exporter(make_config(**{**settings, **config})) as exporter:
         yield Rig(exporter)
-    finally:
-        await exporter.stop()

@@ -18,13 +18,13 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from gpu_exporter.app import Exporter, build_exporter, start_web_server
+from gpu_exporter.app import start_web_server
 from gpu_exporter.collectors import Cadence
 from gpu_exporter.config import Config, SimulatorConfig
 from gpu_exporter.server import make_web_app
 from gpu_exporter.webconfig import load_web_config
 from gpu_exporter.webguard import RequestGuard
-from tests.helpers import make_config, one, parse_exposition
+from tests.helpers import make_config, one, parse_exposition, running_exporter
 from tests.web_helpers import PASSWORD, USER, Pki, bcrypt_hash, write_web_config
 
 
@@ -52,17 +52,6 @@ def tls_auth_config(pki: Pki, extra_tls: str = "") -> Path:
         "basic_auth_users:\n"
         f"  {USER}: {bcrypt_hash(PASSWORD)}\n",
     )
-
-
-@asynccontextmanager
-async def running_exporter(config: Config) -> AsyncIterator[Exporter]:
-    exporter = build_exporter(config)
-    await exporter.start()
-    try:
-        await exporter.sampler.wait_for_rounds(Cadence.FAST, 1)
-        yield exporter
-    finally:
-        await exporter.stop()
 
 
 def simulated(web_config: Path | None, **overrides: Any) -> Config:

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import aiohttp
 
-from gpu_exporter.app import Exporter, build_exporter
+from gpu_exporter.app import Exporter
 from gpu_exporter.collectors import Cadence
 from gpu_exporter.config import SimulatorConfig
-from tests.helpers import Series, make_config, one, parse_exposition, select
+from tests.helpers import Series, make_config, one, parse_exposition, running_exporter, select
 
 SCENARIO = """
 gpus: [{model: H100-SXM-80GB, count: 2}]
@@ -33,13 +33,8 @@ async def exporter_on(tmp_path: Path) -> AsyncIterator[Exporter]:
         kmsg_path=tmp_path / "kmsg",
         state_dir=tmp_path / "state",
     )
-    exporter = build_exporter(config)
-    await exporter.start()
-    try:
-        await exporter.sampler.wait_for_rounds(Cadence.FAST, 1)
+    async with running_exporter(config) as exporter:
         yield exporter
-    finally:
-        await exporter.stop()
 
 
 async def scrape(exporter: Exporter) -> Series:
