@@ -626,7 +626,8 @@ def health() -> dict[str, Any]:
             ],
             "short",
             width=12,
-            description="Xids since the exporter's journal began, with who held the GPU.",
+            description="Xids since the exporter's journal began, with who held the GPU; a "
+            "pod's rows leave --xid-pod-retention (7d) after its latest Xid.",
         ),
         Row("Memory errors"),
         Panel(

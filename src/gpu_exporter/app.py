@@ -210,6 +210,7 @@ def _build_xid(
         state_dir=config.state_dir,
         proc_path=config.proc_path,
         classes_path=config.xid_classes,
+        pod_series_retention=config.xid_pod_retention,
         nvml_events=config.nvml_events,
         boot_id=boot_id,
         holder=allocation,

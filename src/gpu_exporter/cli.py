@@ -24,8 +24,8 @@ from .logs import LEVELS, configure_logging
 ENV_PREFIX = "GPU_EXPORTER_"
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 BUILTIN_SCENARIO = "builtin"
@@ -36,7 +36,7 @@ class UsageError(Exception):
 
 
 def parse_duration(text: str) -> float:
-    """``1s``, ``500ms``, ``2m``, ``1.5`` (seconds) -> seconds; must be positive."""
+    """``1s``, ``500ms``, ``2m``, ``7d``, ``1.5`` (seconds) -> seconds; must be positive."""
     match = _DURATION.match(text)
     if not match or float(match.group(1)) <= 0:
         raise ValueError(f"invalid duration {text!r} (use e.g. 500ms, 1s, 2m)")
@@ -150,6 +150,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="FILE",
         help="YAML file overriding Xid classes, e.g. '94: hardware' (see docs/xid.md)",
+    )
+    add(
+        "--xid-pod-retention",
+        type=_checked(parse_duration),
+        default=7 * 86400.0,
+        metavar="DURATION",
+        help="withdraw a pod's gpu_xid_errors_total series this long after its latest Xid; the "
+        "per-class totals keep its count (default 7d)",
     )
     add(
         "--pod-resources-socket",
@@ -320,6 +328,7 @@ def parse_config(argv: Sequence[str], environ: Mapping[str, str] | None = None) 
         state_dir=namespace.state_dir,
         proc_path=namespace.proc_path,
         xid_classes=namespace.xid_classes,
+        xid_pod_retention=namespace.xid_pod_retention,
         kmsg=namespace.kmsg,
         nvml_events=namespace.nvml_events,
         allocation=namespace.allocation,

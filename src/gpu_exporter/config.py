@@ -33,6 +33,7 @@ class Config:
     state_dir: Path = Path("/var/lib/gpu-exporter")
     proc_path: Path = Path("/proc")
     xid_classes: Path | None = None
+    xid_pod_retention: float = 7 * 86400.0
     kmsg: bool = True
     nvml_events: bool = True
     allocation: bool = True

@@ -40,6 +40,7 @@ def test_flags_set_every_field() -> None:
             "--no-collector.ecc",
             "--idle-threshold=0.1",
             "--state-dir=/tmp/state",
+            "--xid-pod-retention=36h",
             "--log-format=json",
             "--log-level=debug",
         ],
@@ -53,6 +54,7 @@ def test_flags_set_every_field() -> None:
     assert "memory" in config.collectors
     assert config.idle_threshold == 0.1
     assert config.state_dir == Path("/tmp/state")
+    assert config.xid_pod_retention == 36 * 3600.0
     assert (config.log_format, config.log_level) == ("json", "debug")
 
 
@@ -112,13 +114,14 @@ def test_run_reports_a_usage_error_as_one_line_and_status_2(
 
 
 @pytest.mark.parametrize(
-    ("text", "seconds"), [("1", 1.0), ("1.5s", 1.5), ("250ms", 0.25), ("1h", 3600.0)]
+    ("text", "seconds"),
+    [("1", 1.0), ("1.5s", 1.5), ("250ms", 0.25), ("1h", 3600.0), ("7d", 604800.0)],
 )
 def test_durations(text: str, seconds: float) -> None:
     assert parse_duration(text) == seconds
 
 
-@pytest.mark.parametrize("text", ["0s", "-1s", "1d", ""])
+@pytest.mark.parametrize("text", ["0s", "-1s", "1w", ""])
 def test_bad_durations(text: str) -> None:
     with pytest.raises(ValueError, match="invalid duration"):
         parse_duration(text)

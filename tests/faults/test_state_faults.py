@@ -25,7 +25,7 @@ GPU0_XID48 = "NVRM: Xid (PCI:0000:18:00): 48, pid='<unknown>', name=<unknown>, D
 
 
 def subsystem(tmp_path: Path, disk: FillableDisk) -> XidSubsystem:
-    return plain_subsystem(tmp_path, journal_write=disk.write, journal_repair_interval=0.05)
+    return plain_subsystem(tmp_path, journal_write=disk.write, housekeeping_interval=0.05)
 
 
 def journal_ok(xid: XidSubsystem) -> bool:

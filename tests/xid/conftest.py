@@ -17,6 +17,8 @@ from gpu_exporter.xid import XidSubsystem
 
 GPU0 = DeviceId(index=0, uuid="GPU-0000", pci_bus_id="00000000:18:00.0")
 GPU1 = DeviceId(index=1, uuid="GPU-1111", pci_bus_id="00000000:3B:00.0", mig_mode="enabled")
+# The make_subsystem fixture's type: plain_subsystem with the fixture's kmsg file and state dir.
+Make = Callable[..., XidSubsystem]
 MIG1 = DeviceId(
     index=1,
     uuid="MIG-1111-5",
@@ -126,7 +128,7 @@ def xid_count(subsystem: XidSubsystem) -> float:
 
 
 @pytest.fixture
-def make_subsystem(kmsg: KmsgFile, state_dir: Path) -> Callable[..., XidSubsystem]:
+def make_subsystem(kmsg: KmsgFile, state_dir: Path) -> Make:
     def make(**overrides: Any) -> XidSubsystem:
         paths = {"kmsg_path": kmsg.path, "state_dir": state_dir}
         return plain_subsystem(kmsg.path.parent, **{**paths, **overrides})

@@ -5,16 +5,14 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Callable
 from pathlib import Path
-
-from gpu_exporter.xid import XidSubsystem
 
 from .conftest import (
     GPU0,
     GPU1,
     MIG1,
     KmsgFile,
+    Make,
     caught_up,
     exposition,
     fail_next_observation,
@@ -23,7 +21,6 @@ from .conftest import (
     xid_count,
 )
 
-Make = Callable[..., XidSubsystem]
 XID13 = "NVRM: Xid (PCI:0000:18:00): 13, pid=4242, name=python, Graphics SM Warp Exception"
 XID48 = "NVRM: Xid (PCI:0000:18:00): 48, pid='<unknown>', name=<unknown>, An uncorrectable DBE"
 

@@ -28,7 +28,15 @@ from gpu_exporter.xid.kmsg import (
 from gpu_exporter.xid.parser import parse_record, parse_syslog, parse_syslog_line, text_hash
 from gpu_exporter.xid.state import XidState
 
-from .conftest import GPU0, caught_up, fail_next_observation, value, wait_until, xid_count
+from .conftest import (
+    GPU0,
+    Make,
+    caught_up,
+    fail_next_observation,
+    value,
+    wait_until,
+    xid_count,
+)
 
 XID13 = "NVRM: Xid (PCI:0000:18:00): 13, pid=4242, name=python, Graphics SM Warp Exception"
 XID48 = "NVRM: Xid (PCI:0000:18:00): 48, pid='<unknown>', name=<unknown>, An uncorrectable DBE"
@@ -71,9 +79,6 @@ class FakeKlog:
             if self.error is not None:
                 raise self.error
             return b"".join(self.lines)
-
-
-Make = Callable[..., XidSubsystem]
 
 
 @pytest.fixture

@@ -224,6 +224,21 @@ class XidCore:
         if self._limiter.allow("unparsed") is not None:
             _log.warning("kernel log line mentions an Xid but could not be parsed", raw=message)
 
+    def expire_pod_series(self, retention: float) -> None:
+        """Withdraw the series of pods whose latest Xid is older than ``retention`` seconds, so
+        that pod churn does not grow the exposition (and the journal) for ever. Their counts stay
+        in ``gpu_xid_class_errors_total``; a later Xid of the same pod starts a new series."""
+        with self._lock:
+            expired = self._state.expirable(self._clock() - retention)
+            if expired:
+                self._apply([{"op": "expire", "l": list(labels)} for labels in expired])
+                # Into a snapshot rather than the log: an older exporter reads the snapshot
+                # (showing the series again) where an unknown op would stop its replay.
+                self._journal.compact(self._state.to_snapshot())
+                self._publish()
+        if expired:
+            _log.info("pod Xid series expired", series=len(expired), retention_s=retention)
+
     # -- drain latches ---------------------------------------------------------------------------
 
     def set_latch(self, gpu_uuid: str, gpu: str, reason: str) -> None:
@@ -268,14 +283,10 @@ class XidCore:
 
     def _publish(self) -> None:
         state = self._state
-        class_counts: dict[tuple[str, str, str], float] = {}
-        for (gpu, uuid, _xid, xid_class, *_rest), value in state.counts.items():
-            key = (gpu, uuid, xid_class)
-            class_counts[key] = class_counts.get(key, 0.0) + value
         self.published = Published(
             counts=dict(state.counts),
             last_seen=dict(state.last_seen),
-            class_counts=dict(class_counts),
+            class_counts=state.class_totals(),
             latches=tuple((uuid, latch.gpu, reason) for uuid, reason, latch in state.latched()),
             duplicates=dict(self._duplicates),
             kmsg_lost=float(self._kmsg_lost),

@@ -1,13 +1,13 @@
 """The Xid state that must survive restarts, as a pure value changed only by *ops*.
 
-Every change (an Xid counted, a duplicate matched, a drain latch set or cleared, a new boot) is an
-op: a small JSON-able dict. The live path applies an op and appends it to the journal; startup
-replays the journal's ops onto the last snapshot with the same :meth:`XidState.apply`, so the
-state after a crash is exactly the state before it, up to the last op written. An op carries the
-kernel-log position (boot id, sequence number) of the record it came from together with its
-count, so "counted" and "seen" can never disagree after a crash. A kernel-log op also carries the
-record's *mark* (``"m"``: printk usec, text hash, occurrence), the identity syslog(2) records have
-instead of a sequence number; an older exporter ignores the key.
+Every change (an Xid counted, a duplicate matched, a pod's series expired, a drain latch set or
+cleared, a new boot) is an op: a small JSON-able dict. The live path applies an op and appends it
+to the journal; startup replays the journal's ops onto the last snapshot with the same
+:meth:`XidState.apply`, so the state after a crash is exactly the state before it, up to the last
+op written. An op carries the kernel-log position (boot id, sequence number) of the record it
+came from together with its count, so "counted" and "seen" can never disagree after a crash. A
+kernel-log op also carries the record's *mark* (``"m"``: printk usec, text hash, occurrence), the
+identity syslog(2) records have instead of a sequence number; an older exporter ignores the key.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from typing import Any
 CountKey = tuple[str, str, str, str, str, str, str]
 # (gpu, uuid, xid, class): the labels of gpu_xid_last_timestamp_seconds.
 LastKey = tuple[str, str, str, str]
+# (gpu, uuid, class): the labels of gpu_xid_class_errors_total.
+ClassKey = tuple[str, str, str]
 Op = dict[str, Any]
 
 REASONS = ("hardware_xid", "row_remap_failure", "device_lost")
@@ -52,6 +54,9 @@ class Latch:
 @dataclass
 class XidState:
     counts: dict[CountKey, float] = field(default_factory=dict)
+    count_last: dict[CountKey, float] = field(default_factory=dict)  # latest event of each count
+    # What expired pod series had counted, so the per-class totals never go down.
+    expired: dict[ClassKey, float] = field(default_factory=dict)
     last_seen: dict[LastKey, float] = field(default_factory=dict)
     latches: dict[str, dict[str, Latch]] = field(default_factory=dict)  # uuid -> reason -> latch
     recent: list[Recent] = field(default_factory=list)
@@ -120,6 +125,22 @@ class XidState:
                 start = index + 1
         return start
 
+    def expirable(self, before: float) -> list[CountKey]:
+        """The pod-attributed counts whose latest event is older than ``before``."""
+        return [
+            key
+            for key, when in self.count_last.items()
+            if (key[5] or key[6]) and when < before and key in self.counts
+        ]
+
+    def class_totals(self) -> dict[ClassKey, float]:
+        """Xids counted per (gpu, uuid, class), expired pod series included."""
+        totals = dict(self.expired)
+        for (gpu, uuid, _xid, xid_class, *_rest), value in self.counts.items():
+            key = (gpu, uuid, xid_class)
+            totals[key] = totals.get(key, 0.0) + value
+        return totals
+
     def find_twin(self, key: str, xid: int, when: float, channel: str, window: float) -> int | None:
         """The id of a counted event this report duplicates, if any (see docs/xid.md)."""
         for recent in self.recent:
@@ -157,6 +178,7 @@ class XidState:
         self._kmsg(op.get("k"))
         self._mark(op.get("m"))
         self.counts[labels] = self.counts.get(labels, 0.0) + 1.0
+        self.count_last[labels] = max(when, self.count_last.get(labels, when))
         last_key = labels[:4]
         self.last_seen[last_key] = max(when, self.last_seen.get(last_key, when))
         self.recent.append(Recent(int(recent[0]), str(recent[1]), int(labels[2]), when, channels))
@@ -171,6 +193,15 @@ class XidState:
             if recent.id == target:
                 recent.channels.add(channel)
                 return
+
+    def _expire(self, op: Mapping[str, Any]) -> None:
+        """A pod's series leaves the exposition; its count stays in its class's total."""
+        labels = _count_key(op["l"])
+        self.count_last.pop(labels, None)
+        value = self.counts.pop(labels, 0.0)
+        if value:
+            key = (labels[0], labels[1], labels[3])
+            self.expired[key] = self.expired.get(key, 0.0) + value
 
     def _latch(self, op: Mapping[str, Any]) -> None:
         uuid, reason = str(op["u"]), str(op["why"])
@@ -236,6 +267,8 @@ class XidState:
             "kmsg_mark": self.kmsg_mark,
             "next_id": self.next_id,
             "counts": [[*key, value] for key, value in self.counts.items()],
+            "count_last": [[*key, value] for key, value in self.count_last.items()],
+            "expired": [[*key, value] for key, value in self.expired.items()],
             "last_seen": [[*key, value] for key, value in self.last_seen.items()],
             "latches": [
                 [uuid, reason, latch.gpu, latch.since]
@@ -270,6 +303,14 @@ class XidState:
             state.counts[_count_key(row[:7])] = float(row[7])
         for row in data["last_seen"]:
             state.last_seen[(str(row[0]), str(row[1]), str(row[2]), str(row[3]))] = float(row[4])
+        # Absent from snapshots written before pod series expired: a count's latest event is
+        # then taken as its code's latest on that GPU (never earlier than the truth).
+        for row in data.get("count_last", ()):
+            state.count_last[_count_key(row[:7])] = float(row[7])
+        for key in state.counts:
+            state.count_last.setdefault(key, state.last_seen.get(key[:4], 0.0))
+        for gpu, uuid, xid_class, value in data.get("expired", ()):
+            state.expired[(str(gpu), str(uuid), str(xid_class))] = float(value)
         for uuid, reason, gpu, since in data["latches"]:
             state.latches.setdefault(str(uuid), {})[str(reason)] = Latch(str(gpu), float(since))
         for rid, key, xid, when, channels in data["recent"]:
@@ -292,6 +333,7 @@ def _count_key(values: Iterable[Any]) -> CountKey:
 _HANDLERS = {
     "count": XidState._count,
     "dup": XidState._dup,
+    "expire": XidState._expire,
     "latch": XidState._latch,
     "boot": XidState._boot,
 }

@@ -143,8 +143,9 @@ class XidSubsystem:
         on_change: Callable[[], None] | None = None,
         syslog: ReadAll | None = None,
         syslog_poll: float = SYSLOG_POLL_S,
-        journal_repair_interval: float = 10.0,
+        housekeeping_interval: float = 10.0,
         journal_write: Write = os.write,
+        pod_series_retention: float | None = None,
         kmsg_syscalls: KmsgSyscalls | None = None,
     ) -> None:
         self.classifier = classifier or load_classifier(classes_path)
@@ -161,9 +162,10 @@ class XidSubsystem:
         self._holder = holder
         self._syslog = syslog
         self._syslog_poll = syslog_poll
-        self._repair_interval = journal_repair_interval
+        self._housekeeping_interval = housekeeping_interval
+        self._pod_series_retention = pod_series_retention
         self._kmsg_syscalls = kmsg_syscalls or KmsgSyscalls()
-        self._repairer: asyncio.Task[None] | None = None
+        self._housekeeper: asyncio.Task[None] | None = None
         self.core = XidCore(
             self.classifier,
             Journal(state_dir, write=journal_write),
@@ -207,7 +209,7 @@ class XidSubsystem:
         if self._offset is None:
             self._offset = self._clock() - self._uptime()
         self._control = ThreadPoolExecutor(max_workers=1, thread_name_prefix="xid-control")
-        self._repairer = asyncio.create_task(self._repair_journal(), name="xid-journal-repair")
+        self._housekeeper = asyncio.create_task(self._housekeeping(), name="xid-housekeeping")
         if self._kmsg_path is not None:
             self._kmsg = KmsgReader(
                 self._kmsg_path,
@@ -239,20 +241,23 @@ class XidSubsystem:
             boot_id=self._boot_id,
         )
 
-    async def _repair_journal(self) -> None:
-        """While the journal is failing (disk full, read-only, corrupt at start), try to write
-        it again every interval, so it recovers even when no Xid arrives to trigger a write."""
+    async def _housekeeping(self) -> None:
+        """Every interval: while the journal is failing (disk full, read-only, corrupt at start),
+        try to write it again, so it recovers even when no Xid arrives to trigger a write; and
+        withdraw the series of pods whose latest Xid is older than the retention."""
         while True:
-            await asyncio.sleep(self._repair_interval)
+            await asyncio.sleep(self._housekeeping_interval)
             if not self.core.published.journal_ok:
                 self._control_call(self.core.repair_journal)
+            if self._pod_series_retention is not None:
+                self._control_call(self.core.expire_pod_series, self._pod_series_retention)
 
     async def stop(self) -> None:
-        if self._repairer is not None:
-            self._repairer.cancel()
+        if self._housekeeper is not None:
+            self._housekeeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._repairer
-            self._repairer = None
+                await self._housekeeper
+            self._housekeeper = None
         readers = [r for r in (self._kmsg, self._nvml) if r is not None]
         await asyncio.gather(*(asyncio.to_thread(r.stop) for r in readers))
         self._kmsg = self._nvml = None
