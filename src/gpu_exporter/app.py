@@ -206,6 +206,7 @@ def _build_xid(
         boot_id = simulation.scenario.node.boot_id
     return XidSubsystem(
         devices=sampler.devices,
+        unidentified_lost=sampler.unidentified_lost,
         kmsg_path=config.kmsg_path if config.kmsg else None,
         state_dir=config.state_dir,
         proc_path=config.proc_path,

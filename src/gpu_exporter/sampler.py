@@ -256,6 +256,10 @@ class Sampler:
             if state.gpu is not None:
                 yield from state.gpu.devices()
 
+    def unidentified_lost(self) -> list[int]:
+        """Indexes of GPUs that have not answered since startup: lost, with no uuid to name."""
+        return [state.index for state in self._gpus if not state.up and state.gpu is None]
+
     def healthy(self) -> bool:
         """The sampler is alive: its loops run and the fast round completed recently."""
         if not self._tasks or any(task.done() for task in self._tasks):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from tests.helpers import Series, one, select
 
-from .rig import drain, fault_rig, gpu_families
+from .rig import SCENARIO, drain, fault_rig, gpu_families
 
 
 def hung_calls(series: Series) -> float:
@@ -142,4 +142,29 @@ async def test_a_gpu_lost_until_reset_withdraws_its_series_and_the_reset_clears_
             lambda s: drain(s, "1", "device_lost") == 0 and drain(s, "1", "hardware_xid") == 0,
         )
         rig.xid(1, 31)
+        await rig.assert_xids_exact()
+
+
+async def test_a_gpu_lost_before_startup_recommends_a_drain_until_it_answers(
+    tmp_path: Path,
+) -> None:
+    lost_from_the_start = SCENARIO + "timeline:\n  - {at: 0s, type: gpu_lost, gpu: 1}\n"
+    async with fault_rig(tmp_path, lost_from_the_start) as rig:
+        rig.xid(0, 13)
+        lost = await rig.until("GPU 1 down", lambda s: one(s, "gpu_up", gpu="1") == 0)
+        assert one(lost, "gpu_drain_recommended", gpu="1", uuid="", reason="device_lost") == 1, (
+            "a GPU that never answered has no uuid, but its node must still be drained"
+        )
+        assert drain(lost, "1", "hardware_xid") == 0
+        assert drain(lost, "0", "device_lost") == 0
+
+        rig.inject({"type": "gpu_recovered", "gpu": 1})  # a GPU reset
+        back = await rig.until("GPU 1 identified", lambda s: one(s, "gpu_up", gpu="1") == 1)
+        assert not select(back, "gpu_drain_recommended", uuid=""), (
+            "once the GPU answers, its unnamed drain series must go"
+        )
+        assert drain(back, "1", "device_lost") == 0
+        # Kernel line only: NVML events reach a GPU once the event thread has registered it, a
+        # moment after it is identified, and a report that never comes would spoil the tally.
+        rig.xid(1, 31, delivery="kmsg")
         await rig.assert_xids_exact()

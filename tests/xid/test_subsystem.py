@@ -256,6 +256,28 @@ async def test_device_listener_and_remap_failure(make_subsystem: Make) -> None:
         await xid.stop()
 
 
+async def test_a_gpu_that_never_answered_gets_an_unnamed_drain(make_subsystem: Make) -> None:
+    unidentified = [2]
+    xid = make_subsystem(kmsg_path=None, unidentified_lost=lambda: unidentified)
+    await xid.start()
+    try:
+        assert value(xid, "gpu_drain_recommended", gpu="2", uuid="", reason="device_lost") == 1
+        assert value(xid, "gpu_drain_recommended", gpu="2", uuid="", reason="hardware_xid") == 0
+
+        # A latch from earlier in this boot (journal) already names the GPU at that index.
+        await asyncio.to_thread(xid.core.set_latch, "GPU-2222", "2", "hardware_xid")
+        assert value(xid, "gpu_drain_recommended", gpu="2", reason="hardware_xid") == 1
+        assert value(xid, "gpu_drain_recommended", uuid="", reason="device_lost") is None, (
+            "a GPU already shown under its uuid must not be shown twice"
+        )
+
+        unidentified.clear()  # identified at last
+        await asyncio.to_thread(xid.core.clear_latches, "GPU-2222", "gpu reset observed")
+        assert value(xid, "gpu_drain_recommended", gpu="2", reason="device_lost") is None
+    finally:
+        await xid.stop()
+
+
 class PidHolder:
     """Allocation says team-a/trainer holds GPU 0; pid 4242 belongs to another pod (sharing)."""
 

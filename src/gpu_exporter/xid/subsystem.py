@@ -126,6 +126,7 @@ class XidSubsystem:
         self,
         *,
         devices: Callable[[], Iterable[Device]],
+        unidentified_lost: Callable[[], Iterable[int]] = tuple,
         kmsg_path: Path | None,
         state_dir: Path | None,
         proc_path: Path = Path("/proc"),
@@ -150,6 +151,7 @@ class XidSubsystem:
     ) -> None:
         self.classifier = classifier or load_classifier(classes_path)
         self._devices = devices
+        self._unidentified_lost = unidentified_lost
         self._kmsg_path = kmsg_path
         self._proc = proc_path
         self._nvml_enabled = nvml_events
@@ -300,13 +302,14 @@ class XidSubsystem:
     def samples(self) -> Iterable[Sample]:
         self._refresh_inventory()
         published = self.core.published
-        key = (published, self._inventory.version, tuple(sorted(self._up.items())))
+        unidentified = tuple(self._unidentified_lost())
+        key = (published, self._inventory.version, tuple(sorted(self._up.items())), unidentified)
         if self._rendered_key is None or not _same_key(key, self._rendered_key):
-            self._rendered = self._render(published)
+            self._rendered = self._render(published, unidentified)
             self._rendered_key = key
         return self._rendered
 
-    def _render(self, published: Published) -> list[Sample]:
+    def _render(self, published: Published, unidentified: tuple[int, ...]) -> list[Sample]:
         out = [
             Sample(XID_ERRORS, label_string(zip(COUNT_LABELS, key, strict=True)), value)
             for key, value in sorted(published.counts.items())
@@ -317,6 +320,7 @@ class XidSubsystem:
             for key, value in sorted(published.last_seen.items())
         ]
         out += self._drain_samples(published)
+        out += _unidentified_drain_samples(published, unidentified)
         for source, up in sorted(self._up.items()):
             out.append(Sample(SOURCE_UP, label_string({"source": source}), 1.0 if up else 0.0))
         out.append(Sample(JOURNAL_OK, "", 1.0 if published.journal_ok else 0.0))
@@ -574,6 +578,23 @@ def read_boot_id(proc_path: Path) -> str:
 
 def _gpu_uuid(device: DeviceId) -> str:
     return device.parent_uuid or device.uuid
+
+
+def _unidentified_drain_samples(published: Published, unidentified: Iterable[int]) -> list[Sample]:
+    """``device_lost`` for GPUs lost since startup, under ``uuid=""``: without it a node whose GPU
+    died before the exporter first saw it (a reboot clears the latches) would show no drain.
+    Skipped for an index a journal latch already names: the same GPU in this boot."""
+    named = {gpu for _uuid, gpu, _reason in published.latches}
+    return [
+        Sample(
+            DRAIN,
+            label_string({"gpu": str(index), "uuid": "", "reason": reason}),
+            1.0 if reason == "device_lost" else 0.0,
+        )
+        for index in unidentified
+        if str(index) not in named
+        for reason in REASONS
+    ]
 
 
 def _same_key(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
