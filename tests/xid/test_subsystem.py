@@ -16,6 +16,7 @@ from .conftest import (
     caught_up,
     exposition,
     fail_next_observation,
+    fake_devices,
     value,
     wait_until,
     xid_count,
@@ -254,6 +255,37 @@ async def test_device_listener_and_remap_failure(make_subsystem: Make) -> None:
         assert value(xid, "gpu_drain_recommended", uuid=GPU1.uuid, reason="row_remap_failure") == 1
     finally:
         await xid.stop()
+
+
+async def test_a_lost_gpu_that_answers_after_a_restart_was_reset_while_the_exporter_was_down(
+    make_subsystem: Make,
+) -> None:
+    first = make_subsystem(kmsg_path=None)
+    await first.start()
+    await asyncio.to_thread(first._on_nvml_xid, 48, GPU1, None, time.time())  # hardware
+    first.device_lost(GPU0)
+    first.device_lost(GPU1)
+    first.note_remap_failure(GPU0)
+    await wait_until(lambda: len(first.core.published.latches) == 4)
+    await first.stop()  # e.g. stopped for a driver reload, which brings GPU 1 back
+
+    still_lost = {GPU0.uuid}
+    second = make_subsystem(
+        kmsg_path=None,
+        devices=lambda: [d for d in fake_devices() if d.gpu_uuid not in still_lost],
+    )
+    await second.start()
+    try:
+        assert value(second, "gpu_drain_recommended", uuid=GPU1.uuid, reason="device_lost") == 0
+        assert value(second, "gpu_drain_recommended", uuid=GPU1.uuid, reason="hardware_xid") == 0, (
+            "a GPU that was lost and answers again was reset: all its latches clear"
+        )
+        assert value(second, "gpu_drain_recommended", uuid=GPU0.uuid, reason="device_lost") == 1
+        assert (
+            value(second, "gpu_drain_recommended", uuid=GPU0.uuid, reason="row_remap_failure") == 1
+        ), "a GPU that is still lost keeps its latches"
+    finally:
+        await second.stop()
 
 
 async def test_a_gpu_that_never_answered_gets_an_unnamed_drain(make_subsystem: Make) -> None:

@@ -258,6 +258,18 @@ class XidCore:
         if reasons:
             _log.info("drain recommendation cleared", uuid=gpu_uuid, reasons=reasons, why=why)
 
+    def clear_lost_that_answer(self, gpu_uuids: Iterable[str]) -> None:
+        """At startup: a GPU latched ``device_lost`` (in this boot) that answers now was brought
+        back while the exporter was down: a lost GPU returns only through a reset, a driver
+        reload or a power cycle, and a driver reload needs every client of the driver, the
+        exporter among them, stopped. Its latches clear as an observed reset's would. Blocking
+        I/O: call off the event loop."""
+        for gpu_uuid in gpu_uuids:
+            with self._lock:
+                lost = "device_lost" in self._state.latches.get(gpu_uuid, {})
+            if lost:
+                self.clear_latches(gpu_uuid, "lost GPU answers after an exporter restart")
+
     def _latch_on(self, gpu_uuid: str, gpu: str, reason: str) -> list[Op]:
         assert reason in REASONS
         if reason in self._state.latches.get(gpu_uuid, {}):

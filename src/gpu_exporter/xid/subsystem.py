@@ -205,6 +205,8 @@ class XidSubsystem:
         if not self._boot_id:
             self._boot_id = await asyncio.to_thread(read_boot_id, self._proc)
         await asyncio.to_thread(self.core.load, self._boot_id)
+        answering = [device.uuid for device in self._inventory.gpus]
+        await asyncio.to_thread(self.core.clear_lost_that_answer, answering)
         boot_id, _seq, offset = self.core.kmsg_position()
         # Kernel time -> wall time: the last anchor from this boot, else now minus uptime.
         self._offset = offset if boot_id == self._boot_id and offset is not None else None
