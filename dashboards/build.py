@@ -629,6 +629,25 @@ def health() -> dict[str, Any]:
             description="Xids since the exporter's journal began, with who held the GPU; a "
             "pod's rows leave --xid-pod-retention (7d) after its latest Xid.",
         ),
+        Panel(
+            "timeseries",
+            "NVSwitch SXids",
+            [
+                Query(
+                    "sum by (instance, switch, severity) (gpu_nvswitch_sxid_errors_total{"
+                    + INSTANCE
+                    + "})",
+                    "{{instance}} nvswitch {{switch}} {{severity}}",
+                )
+            ],
+            "short",
+            width=24,
+            description="NVSwitch SXids from the kernel log, counted since the exporter's journal "
+            "began (a step is a new error). Shown as counts, not increases: a switch's series "
+            "starts with its first SXid, which an increase would not show. Fatal: the node's "
+            "NVLink fabric needs a reset (GPUNVSwitchFatalError); many non-fatal ones on one "
+            "switch: a degrading link (GPUNVSwitchErrorBurst).",
+        ),
         Row("Memory errors"),
         Panel(
             "timeseries",
@@ -744,7 +763,8 @@ def health() -> dict[str, Any]:
     return _dashboard(
         "gpu-exporter-health",
         "GPU health",
-        "Xids by class, drain recommendations, ECC and row remapping, throttling, exporter health.",
+        "Xids by class, NVSwitch SXids, drain recommendations, ECC and row remapping, throttling, "
+        "exporter health.",
         items,
         variables,
     )

@@ -1,8 +1,9 @@
 """Coverage-guided fuzzing (atheris/libFuzzer) of the kernel-log parsers: ``make fuzz``.
 
 Every input is fed raw to every parser (a record or None, never an exception), and the first byte
-picks a round trip the rest of the input drives: a /dev/kmsg record, a syslog(2) line or an NVRM
-Xid line rendered as the kernel and the driver do must parse back to its fields. The checks are
+picks a round trip the rest of the input drives: a /dev/kmsg record, a syslog(2) line, an NVRM
+Xid line or an NVSwitch SXid line rendered as the kernel and the drivers do must parse back to its
+fields. The checks are
 the hypothesis tests' (tests/fuzz/kernel_text.py); see docs/fuzzing.md.
 
     python -m fuzz.kmsg_parser --seconds 600          # search; crashes go to fuzz/crashes/
@@ -25,17 +26,18 @@ with atheris.instrument_imports(include=["gpu_exporter.xid.parser"]):
 from tests.fuzz.kernel_text import (
     check_any_bytes,
     check_kmsg_round_trip,
+    check_sxid_round_trip,
     check_syslog_round_trip,
     check_xid_round_trip,
     kmsg_line,
     syslog_line,
 )
 
-from gpu_exporter.simulator.kmsg import XID_TEXT, KmsgLog, xid_message
+from gpu_exporter.simulator.kmsg import XID_TEXT, KmsgLog, sxid_message, xid_message
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-ROUND_TRIPS = 4  # first byte % 4: 0 raw only, 1 kmsg, 2 syslog, 3 Xid line
+ROUND_TRIPS = 5  # first byte % 5: 0 raw only, 1 kmsg, 2 syslog, 3 Xid line, 4 SXid line
 
 
 def test_one_input(data: bytes) -> None:
@@ -62,6 +64,10 @@ def test_one_input(data: bytes) -> None:
         check_syslog_round_trip(facility, level, seconds, micro, message)
     elif mode == 3:
         check_xid_round_trip(*xid_fields(fields))
+    elif mode == 4:
+        switch, code = fields.ConsumeIntInRange(0, 15), fields.ConsumeIntInRange(1, parser.MAX_XID)
+        fatal, link = fields.ConsumeBool(), fields.ConsumeIntInRange(0, 63)
+        check_sxid_round_trip(switch, code, fatal, link, printable(fields))
 
 
 def xid_fields(
@@ -73,9 +79,13 @@ def xid_fields(
         name = re.sub(r"[^\x21-\x7e]|[,'\"<]", "", fields.ConsumeUnicodeNoSurrogates(15))
         who = (fields.ConsumeIntInRange(1, 2**22), name or "x")
     gpu_instance = fields.ConsumeIntInRange(0, 9999) if fields.ConsumeBool() else None
+    return bus, code, who, gpu_instance, printable(fields)
+
+
+def printable(fields: atheris.FuzzedDataProvider) -> str:
+    """The rest of the input as one line of text (no control characters), as drivers print."""
     text = fields.ConsumeUnicodeNoSurrogates(fields.remaining_bytes())
-    text = "".join(c for c in text if unicodedata.category(c) != "Cc").strip()
-    return bus, code, who, gpu_instance, text
+    return "".join(c for c in text if unicodedata.category(c) != "Cc").strip()
 
 
 def real_lines() -> list[str]:
@@ -89,6 +99,8 @@ def real_lines() -> list[str]:
     from tests.xid.test_parser import LINES  # the variations in reference/xid.md
 
     lines += [line for line, *_ in LINES]
+    lines += [sxid_message(3, 12028, False, 32, "egress non-posted PRIV error")]
+    lines += [sxid_message(0, 24007, True, 5, "sourcetrack timeout")]
     lines += [
         "NVRM: The NVIDIA GPU 0000:18:00.0",
         "NVRM: GPU 0000:18:00.0: GPU has fallen off the bus.",

@@ -3,12 +3,14 @@ hypothesis tests and the coverage-guided harness (fuzz/kmsg_parser.py)."""
 
 from __future__ import annotations
 
-from gpu_exporter.simulator.kmsg import xid_message
+from gpu_exporter.simulator.kmsg import sxid_message, xid_message
 from gpu_exporter.xid.parser import (
     FallenOffBusTracker,
     KmsgRecord,
+    SxidLine,
     XidLine,
     parse_record,
+    parse_sxid,
     parse_syslog,
     parse_syslog_line,
     parse_xid,
@@ -34,6 +36,8 @@ def assert_total(result: KmsgRecord | None) -> None:
         assert isinstance(result.message, str)
         for outcome in (parse_xid(result.message), FallenOffBusTracker().feed(result.message)):
             assert outcome is None or isinstance(outcome, XidLine), f"odd Xid result {outcome!r}"
+        sxid = parse_sxid(result.message)
+        assert sxid is None or isinstance(sxid, SxidLine), f"odd SXid result {sxid!r}"
 
 
 def syslog_line(facility: int, level: int, seconds: int, micro: int, message: bytes) -> bytes:
@@ -92,3 +96,16 @@ def check_xid_round_trip(
     got = (parsed.xid, parsed.bus_id, parsed.gpu_instance_id, parsed.pid, parsed.process_name)
     assert got == (code, f"0000:{bus:02x}:00", gpu_instance, pid, name), message
     assert parsed.text == text, f"text of {message!r}"
+
+
+def check_sxid_round_trip(switch: int, code: int, fatal: bool, link: int, text: str) -> None:
+    """An SXid line as the simulator writes it (the nvswitch driver's format) parses back."""
+    message = sxid_message(switch, code, fatal, link, text)
+    parsed = parse_sxid(message)
+    assert parsed is not None, message
+    assert (parsed.switch, parsed.sxid) == (str(switch), code), message
+    assert parsed.bus_id == f"0000:{0x05 + switch:02x}:00.0", message
+    assert parsed.severity == ("fatal" if fatal else "non_fatal"), message
+    assert parsed.text == f"Link {link} {text}".strip(), message
+    if "Xid" not in text:  # free text may quote anything, an Xid line included
+        assert parse_xid(message) is None, f"an SXid taken for a GPU Xid: {message}"

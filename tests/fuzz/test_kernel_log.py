@@ -16,6 +16,7 @@ from gpu_exporter.xid.parser import (
 from .kernel_text import (
     check_any_bytes,
     check_kmsg_round_trip,
+    check_sxid_round_trip,
     check_syslog_round_trip,
     check_xid_round_trip,
 )
@@ -103,6 +104,22 @@ def test_an_xid_line_parses_back_to_its_fields(
     bus: int, code: int, who: tuple[int, str] | None, gpu_instance: int | None, text: str
 ) -> None:
     check_xid_round_trip(bus, code, who, gpu_instance, text)
+
+
+@given(
+    switch=st.integers(0, 15),
+    code=st.integers(1, 99_999),
+    fatal=st.booleans(),
+    link=st.integers(0, 63),
+    text=xid_texts,
+)
+@example(switch=3, code=12028, fatal=False, link=32, text="egress non-posted PRIV error")
+@example(switch=0, code=1, fatal=True, link=0, text="Fatal, Link 9 not the severity")
+@example(switch=10, code=44244, fatal=True, link=34, text="3;NVRM: Xid (PCI:0000:07:04): 79, x")
+def test_an_sxid_line_parses_back_to_its_fields(
+    switch: int, code: int, fatal: bool, link: int, text: str
+) -> None:
+    check_sxid_round_trip(switch, code, fatal, link, text)
 
 
 @given(

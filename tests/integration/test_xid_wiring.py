@@ -125,3 +125,19 @@ async def test_a_lost_gpu_recommends_a_drain(tmp_path: Path) -> None:
             lambda s: one(s, "gpu_drain_recommended", gpu="1", reason="device_lost") == 1,
         )
         assert one(series, "gpu_up", gpu="1") == 0
+
+
+async def test_a_simulated_nvswitch_sxid_is_counted_by_switch_and_severity(tmp_path: Path) -> None:
+    async with exporter_on(tmp_path) as exporter:
+        assert exporter.simulation is not None
+        exporter.simulation.inject(
+            {"type": "sxid", "switch": 2, "code": 24007, "severity": "fatal"}
+        )
+        series = await until(
+            exporter,
+            "the SXid counted",
+            lambda s: select(s, "gpu_nvswitch_sxid_errors_total"),
+        )
+        labels = {"switch": "2", "pci_bus_id": "0000:07:00.0", "sxid": "24007"}
+        assert one(series, "gpu_nvswitch_sxid_errors_total", severity="fatal", **labels) == 1
+        assert xid_total(series) == 0, "an NVSwitch error is not a GPU Xid"

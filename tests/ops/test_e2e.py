@@ -55,6 +55,8 @@ TRUE_ALLOCATED = (4 + 1 + 5 / 7 + 1) / 8
 TRUE_SM_ACTIVE = (0.8 + 0.8 + 0.0 + 0.1 + 0.5 + 0.6 * 3 / 7 + 0.3 * 2 / 7) / 6
 
 XID_METRICS = ("gpu_xid", "gpu_drain_recommended", "class:gpu_xid")
+# NVSwitch 3 sits on PCI bus 0000:08:00.0 in the simulator.
+FATAL_SXID = {"type": "sxid", "switch": 3, "code": 20034, "severity": "fatal", "link": 32}
 ALLOCATION_METRICS = (
     "gpu_alloc",
     "gpu_container_memory",
@@ -222,9 +224,12 @@ async def stack() -> AsyncIterator[Stack]:
             lambda r: bool(r) and float(r[0]["value"][1]) == len(exporters),
             "all exporters scraped",
         )
-        # The incidents: a hardware Xid on a training GPU, an application Xid in the inference
-        # server, thermal throttling and an uncorrectable ECC error on node C.
-        await asyncio.to_thread(exporters["node-a"].inject, {"type": "xid", "gpu": 1, "code": 48})
+        # The incidents: a hardware Xid on a training GPU and a fatal NVSwitch SXid on node A, an
+        # application Xid in the inference server, thermal throttling and an uncorrectable ECC
+        # error on node C.
+        await asyncio.to_thread(
+            exporters["node-a"].inject, {"type": "xid", "gpu": 1, "code": 48}, FATAL_SXID
+        )
         await asyncio.to_thread(
             exporters["node-b"].inject,
             {"type": "xid", "gpu": 0, "code": 13, "pid": 52001, "process_name": "tritonserver"},
@@ -316,6 +321,25 @@ async def test_a_hardware_xid_pages_infra_with_its_gpu_and_class(stack: Stack) -
     assert alert["labels"]["class"] == "hardware"
     assert alert["labels"]["xid"] == "48"
     assert alert["annotations"]["runbook_url"].endswith("#gpuxidhardwareerror")
+
+
+async def test_a_fatal_nvswitch_sxid_pages_infra_with_its_switch(stack: Stack) -> None:
+    require_xid(stack)
+    node_a = stack.exporters["node-a"].address
+    # The fixture's SXid was the first of its series; a second one is an increase as well.
+    await asyncio.to_thread(stack.exporters["node-a"].inject, FATAL_SXID)
+    alert = await stack.webhook.wait_for_alert(
+        "infra-pager",
+        lambda labels: (
+            labels.get("alertname") == "GPUNVSwitchFatalError" and labels.get("instance") == node_a
+        ),
+    )
+    assert alert["labels"]["switch"] == "3"
+    assert alert["labels"]["pci_bus_id"] == "0000:08:00.0"
+    assert alert["labels"]["sxid"] == "20034"
+    assert alert["labels"]["class"] == "hardware"
+    assert "gpu" not in alert["labels"]
+    assert alert["annotations"]["runbook_url"].endswith("#gpunvswitchfatalerror")
 
 
 async def test_an_application_xid_reaches_the_team_owning_the_namespace(stack: Stack) -> None:

@@ -103,3 +103,18 @@ def test_xid_alerts_do_not_rely_on_increase_alone() -> None:
         if "gpu_xid_errors_total" in alert["expr"]:
             assert "unless" in alert["expr"], alert["alert"]
             assert "offset" in alert["expr"], alert["alert"]
+
+
+def test_the_fatal_sxid_alert_does_not_rely_on_increase_alone() -> None:
+    """gpu_nvswitch_sxid_errors_total is born with its first SXid too; a fatal SXid is often the
+    only one. Its "new series" branch needs a guard (it has no timestamp series): `up offset`."""
+    fatal = [
+        alert
+        for alert in alerts()
+        if 'gpu_nvswitch_sxid_errors_total{severity="fatal"}' in alert["expr"]
+    ]
+    assert [alert["alert"] for alert in fatal] == ["GPUNVSwitchFatalError"]
+    expr = fatal[0]["expr"]
+    assert "unless" in expr
+    assert "offset" in expr
+    assert "up offset" in expr

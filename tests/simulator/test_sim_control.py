@@ -42,6 +42,21 @@ async def test_post_one_json_event(
     assert ": 48, " in node.kmsg_lines[-1]
 
 
+async def test_post_an_sxid(
+    client: TestClient[web.Request, web.Application], node: SimulatedNode
+) -> None:
+    event = {"type": "sxid", "switch": 11, "code": 12028, "link": 7, "message": "PRIV error"}
+    response = await client.post("/-/simulator/events", json=event)
+    assert response.status == 200
+    assert await response.json() == {"applied": [{"t": 0.0, **event}]}
+    assert node.kmsg_lines[-1].endswith(
+        ";nvidia-nvswitch11: SXid (PCI:0000:10:00.0): 12028, Non-fatal, Link 7 PRIV error"
+    )
+    response = await client.post("/-/simulator/events", json=[{"type": "sxid", "code": 1}])
+    assert response.status == 400
+    assert await response.text() == "<request>: [0].switch: required key is missing\n"
+
+
 async def test_post_a_yaml_list(
     client: TestClient[web.Request, web.Application], node: SimulatedNode
 ) -> None:

@@ -1,4 +1,4 @@
-"""Timeline, NVML Xid events, kernel-log records and allocation changes."""
+"""Timeline, NVML Xid events, kernel-log records (Xid, NVSwitch SXid) and allocation changes."""
 
 from __future__ import annotations
 
@@ -67,6 +67,67 @@ def test_mig_xid_names_the_instance(make_node: MakeNode) -> None:
     data = pynvml.nvmlEventSetWait_v2(event_set, 0)
     assert (data.gpuInstanceId, data.computeInstanceId) == (2, 0)
     assert "Xid (PCI:0000:3a:00 GPU-I:02): 31, pid=77, name=python," in node.kmsg_lines[-1]
+
+
+def test_sxid_is_a_kernel_log_line_only(make_node: MakeNode) -> None:
+    node = make_node(NODE)
+    event_set = pynvml.nvmlEventSetCreate()
+    for gpu in range(3):
+        handle = pynvml.nvmlDeviceGetHandleByIndex(gpu)
+        supported = pynvml.nvmlDeviceGetSupportedEventTypes(handle)
+        pynvml.nvmlDeviceRegisterEvents(handle, supported, event_set)
+    node.inject(
+        {
+            "type": "sxid",
+            "switch": 3,
+            "code": 12028,
+            "link": 32,
+            "message": "egress non-posted PRIV error",
+        }
+    )
+    with pytest.raises(pynvml.NVMLError_Timeout):
+        pynvml.nvmlEventSetWait_v2(event_set, 0)
+    assert node.kmsg_lines == [
+        "3,1200,100000000,-;nvidia-nvswitch3: SXid (PCI:0000:08:00.0): 12028, Non-fatal, "
+        "Link 32 egress non-posted PRIV error"
+    ]
+
+
+def test_fatal_sxid_from_the_timeline(make_node: MakeNode, clock: FakeClock) -> None:
+    node = make_node(
+        NODE
+        + "timeline:\n"
+        + "  - {at: 1m, type: sxid, switch: 2, code: 24007, severity: fatal, link: 5,"
+        + " message: sourcetrack timeout error}\n"
+    )
+    clock.advance(59)
+    assert node.kmsg_lines == []
+    clock.advance(1)
+    assert node.kmsg_lines == [
+        "3,1200,160000000,-;nvidia-nvswitch2: SXid (PCI:0000:07:00.0): 24007, Fatal, "
+        "Link 5 sourcetrack timeout error"
+    ]
+
+
+def test_sxid_defaults(make_node: MakeNode) -> None:
+    node = make_node(NODE)
+    node.inject({"type": "sxid", "switch": 0, "code": 20034})
+    assert node.kmsg_lines[-1].endswith(
+        ";nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 20034, Non-fatal, Link 0 error"
+    )
+    assert node.applied[-1] == {"t": 0.0, "type": "sxid", "switch": 0, "code": 20034}
+
+
+@pytest.mark.parametrize(
+    ("switch", "bus"),
+    [(0, "0000:05:00.0"), (3, "0000:08:00.0"), (10, "0000:0f:00.0"), (11, "0000:10:00.0"),
+     (15, "0000:14:00.0")],
+)  # fmt: skip
+def test_sxid_names_the_switch_pci_address(make_node: MakeNode, switch: int, bus: str) -> None:
+    node = make_node(NODE)
+    node.inject({"type": "sxid", "switch": switch, "code": 11004, "severity": "fatal"})
+    expected = f";nvidia-nvswitch{switch}: SXid (PCI:{bus}): 11004, Fatal, Link 0 error"
+    assert node.kmsg_lines[-1].endswith(expected)
 
 
 def test_wait_is_woken_from_another_thread(make_node: MakeNode) -> None:

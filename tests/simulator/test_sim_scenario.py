@@ -192,6 +192,39 @@ def test_a_complete_scenario(tmp_path: pathlib.Path) -> None:
             "gpus: [H100-SXM-80GB]\ntimeline: [{at: 1m, type: gpu_lost, gpu: [0, 3]}]",
             "bad.yaml: timeline[0].gpu[1]: gpu index 3 out of range",
         ),
+        (
+            "gpus: [H100-SXM-80GB]\ntimeline: [{at: 1m, type: sxid, switch: 16, code: 12028}]",
+            "bad.yaml: timeline[0].switch: must be <= 15, got 16",
+        ),
+        (
+            "gpus: [H100-SXM-80GB]\ntimeline: [{at: 1m, type: sxid, switch: -1, code: 12028}]",
+            "bad.yaml: timeline[0].switch: must be >= 0, got -1",
+        ),
+        (
+            "gpus: [H100-SXM-80GB]\ntimeline: [{at: 1m, type: sxid, switch: 0}]",
+            "bad.yaml: timeline[0].code: required key is missing",
+        ),
+        (
+            "gpus: [H100-SXM-80GB]\ntimeline: [{at: 1m, type: sxid, code: 12028}]",
+            "bad.yaml: timeline[0].switch: required key is missing",
+        ),
+        (
+            "gpus: [H100-SXM-80GB]\ntimeline: [{at: 1m, type: sxid, switch: 0, code: 100000}]",
+            "bad.yaml: timeline[0].code: must be <= 99999, got 100000",
+        ),
+        (
+            "gpus: [H100-SXM-80GB]\n"
+            "timeline: [{at: 1m, type: sxid, switch: 0, code: 1, severity: bad}]",
+            "bad.yaml: timeline[0].severity: expected one of fatal, non_fatal; got 'bad'",
+        ),
+        (
+            "gpus: [H100-SXM-80GB]\ntimeline: [{at: 1m, type: sxid, switch: 0, code: 1, link: 64}]",
+            "bad.yaml: timeline[0].link: must be <= 63, got 64",
+        ),
+        (
+            "gpus: [H100-SXM-80GB]\ntimeline: [{at: 1m, type: sxid, switch: 0, code: 1, gpu: 0}]",
+            "bad.yaml: timeline[0].gpu: unknown key (allowed: ",
+        ),
         ("gpus: [H100-SXM-80GB]\nnode: {driver_version: latest}", "bad.yaml: node.driver_version:"),
         ("gpus: [H100-SXM-80GB", "bad.yaml: (yaml): expected ',' or ']'"),
         ("- just a list", "bad.yaml: (root): expected a mapping, got list"),
@@ -212,4 +245,8 @@ def test_injected_events_are_validated_too() -> None:
         node.inject({"type": "gpu_lost", "gpu": 0, "at": "1m"})
     with pytest.raises(ScenarioError, match=r"^<inject>: gpu: gpu index 5 out of range"):
         node.inject({"type": "xid", "gpu": 5, "code": 13})
+    with pytest.raises(ScenarioError, match=r"^<inject>: severity: expected one of fatal, "):
+        node.inject({"type": "sxid", "switch": 0, "code": 1, "severity": "FATAL"})
+    with pytest.raises(ScenarioError, match=r"^<inject>: port: unknown key"):
+        node.inject({"type": "sxid", "switch": 0, "code": 1, "port": 3})
     node.close()

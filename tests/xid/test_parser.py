@@ -10,6 +10,7 @@ from gpu_exporter.xid.parser import (
     FallenOffBusTracker,
     normalize_bus_id,
     parse_record,
+    parse_sxid,
     parse_xid,
 )
 
@@ -256,3 +257,70 @@ def test_xid_parser_never_raises_on_near_misses(parts: list[str]) -> None:
     for part in (text, *parts):
         tracker.feed(part)
     parse_record(text.encode("utf-8", errors="surrogatepass"))
+
+
+SXID_LINES = [
+    # (line, sxid, switch, bus, severity, text)
+    (
+        "nvidia-nvswitch3: SXid (PCI:0000:05:00.0): 12028, Non-fatal, Link 32 egress non-posted "
+        "PRIV error",
+        12028,
+        "3",
+        "0000:05:00.0",
+        "non_fatal",
+        "Link 32 egress non-posted PRIV error",
+    ),
+    (
+        "nvidia-nvswitch11: SXid (PCI:0000:10:00.0): 24007, Fatal, Link 5 sourcetrack timeout",
+        24007,
+        "11",
+        "0000:10:00.0",
+        "fatal",
+        "Link 5 sourcetrack timeout",
+    ),
+    (  # "Nonfatal" spelling, upper-case hex, no function
+        "nvidia-nvswitch0: SXid (PCI:0000:0A:00): 20034, Nonfatal, LTSSM Fault Up",
+        20034,
+        "0",
+        "0000:0a:00.0",
+        "non_fatal",
+        "LTSSM Fault Up",
+    ),
+    (  # no device prefix, no severity
+        "SXid (PCI:0000:07:00.0): 11004, Link 1",
+        11004,
+        "",
+        "0000:07:00.0",
+        "unknown",
+        "Link 1",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("line", "sxid", "switch", "bus", "severity", "text"), SXID_LINES, ids=lambda v: str(v)[:40]
+)
+def test_sxid_lines(line: str, sxid: int, switch: str, bus: str, severity: str, text: str) -> None:
+    parsed = parse_sxid(line)
+    assert parsed is not None, line
+    assert (parsed.sxid, parsed.switch, parsed.bus_id, parsed.severity, parsed.text) == (
+        sxid,
+        switch,
+        bus,
+        severity,
+        text,
+    )
+    assert parse_xid(line) is None, "an SXid is not a GPU Xid"
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "nvidia-nvswitch3: SXid (PCI:0000:05:00.0): 0, Fatal",  # code out of range
+        "nvidia-nvswitch3: SXid (PCI:zz:05:00.0): 12028, Fatal",  # not a bus id
+        "nvidia-nvswitch3: probing SXid handling",  # mentions SXid, is not one
+        "NVRM: Xid (PCI:0000:18:00): 13, pid=1, name=x, Graphics SM Warp Exception",
+    ],
+)
+def test_lines_that_are_not_sxids(line: str) -> None:
+    assert parse_sxid(line) is None

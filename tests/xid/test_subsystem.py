@@ -7,6 +7,8 @@ import os
 import time
 from pathlib import Path
 
+from gpu_exporter.xid import XidSubsystem
+
 from .conftest import (
     GPU0,
     GPU1,
@@ -100,6 +102,57 @@ async def test_restart_counts_what_happened_while_down_and_nothing_twice(
         assert value(second, "gpu_xid_errors_total", xid="31") == 1
     finally:
         await second.stop()
+
+
+SXID_FATAL = "nvidia-nvswitch3: SXid (PCI:0000:08:00.0): 24007, Fatal, Link 5 sourcetrack timeout"
+SXID_NON_FATAL = "nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 12028, Non-fatal, Link 32 PRIV error"
+
+
+def sxids(subsystem: XidSubsystem, **labels: str) -> float | None:
+    return value(subsystem, "gpu_nvswitch_sxid_errors_total", **labels)
+
+
+async def test_nvswitch_sxids_are_counted_once_across_restarts(
+    make_subsystem: Make, kmsg: KmsgFile
+) -> None:
+    kmsg.write(SXID_NON_FATAL)
+    kmsg.write(XID13)
+    kmsg.write(SXID_NON_FATAL)
+    first = make_subsystem()
+    await first.start()
+    await wait_until(lambda: sxids(first, switch="0") == 2 and xid_count(first) == 1)
+    assert sxids(first, pci_bus_id="0000:05:00.0", sxid="12028", severity="non_fatal") == 2
+    await first.stop()
+
+    kmsg.write(SXID_FATAL)  # while the exporter is down
+    second = make_subsystem()
+    await second.start()
+    try:
+        await wait_until(lambda: sxids(second, switch="3") == 1)
+        kmsg.write(SXID_FATAL)
+        await wait_until(lambda: sxids(second, switch="3") == 2)
+        assert sxids(second, switch="3", sxid="24007", severity="fatal") == 2
+        assert sxids(second, switch="0") == 2, "a restart must not count the replay again"
+        assert xid_count(second) == 1
+        assert value(second, "gpu_xid_class_errors_total", gpu="0", **{"class": "hardware"}) == 0, (
+            "an NVSwitch error is not a GPU Xid"
+        )
+    finally:
+        await second.stop()
+
+
+async def test_an_sxid_line_that_cannot_be_parsed_is_counted(
+    make_subsystem: Make, kmsg: KmsgFile
+) -> None:
+    kmsg.write("nvidia-nvswitch2: SXid (PCI:0000:07:00.0): lost its code")
+    kmsg.write(SXID_NON_FATAL)
+    xid = make_subsystem()
+    await xid.start()
+    try:
+        await wait_until(lambda: sxids(xid) == 1)
+        assert value(xid, "gpu_exporter_xid_unparsed_lines_total") == 1
+    finally:
+        await xid.stop()
 
 
 async def test_kill_mid_stream_loses_nothing_and_counts_nothing_twice(

@@ -26,7 +26,7 @@ Scenario schema (full reference with examples in ``docs/simulator.md``)::
     allocations: - {gpu, mig, replica, pod, namespace, container, resource}
     timeline:    - {at: 90s, repeat: every 10m, type: <event type>, ...}
 
-Event types: xid, gpu_lost, gpu_recovered, throttle, ecc, row_remap, row_remap_failure,
+Event types: xid, sxid, gpu_lost, gpu_recovered, throttle, ecc, row_remap, row_remap_failure,
 retired_pages, recovery_action, allocate, release, hang, unhang. Models: see
 ``data/models.yaml``. Invalid input raises :class:`ScenarioError`:
 ``<file>: <key.path[2].sub>: <reason>``.

@@ -87,6 +87,19 @@ def _xid(body: Mapping[str, Any], path: str, gpus: Sequence[GpuSpec]) -> Params:
 _DELIVERY = {"nvml", "kmsg", "both"}
 
 
+def _sxid(body: Mapping[str, Any], path: str, gpus: Sequence[GpuSpec]) -> Params:
+    """An NVSwitch error: a kernel-log line only (NVML's GPU event API never reports it)."""
+    return {
+        "switch": s.integer(body["switch"], s.key(path, "switch"), 0, 15),
+        "code": s.integer(body["code"], s.key(path, "code"), 1, 99999),
+        "severity": s.choice(
+            body.get("severity", "non_fatal"), s.key(path, "severity"), {"fatal", "non_fatal"}
+        ),
+        "link": s.integer(body.get("link", 0), s.key(path, "link"), 0, 63),
+        "message": s.text(body.get("message", "error"), s.key(path, "message")),
+    }
+
+
 def _gpus_only(body: Mapping[str, Any], path: str, gpus: Sequence[GpuSpec]) -> Params:
     return {"gpus": targets(body, path, gpus)}
 
@@ -248,6 +261,7 @@ EVENT_TYPES: Mapping[str, EventType] = {
     "xid": _type(
         {"gpu", "code", "pid", "process_name", "delivery", "message", "mig"}, {"gpu", "code"}, _xid
     ),
+    "sxid": _type({"switch", "code", "severity", "link", "message"}, {"switch", "code"}, _sxid),
     "gpu_lost": _type(_GPU, _GPU, _gpus_only),
     "gpu_recovered": _type(_GPU, _GPU, _gpus_only),
     "throttle": _type({"gpu", "reason", "state", "duration"}, {"gpu", "reason"}, _throttle),

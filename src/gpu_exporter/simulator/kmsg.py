@@ -1,4 +1,4 @@
-"""Kernel log records (``/dev/kmsg`` format) for Xids the simulator emits."""
+"""Kernel log records (``/dev/kmsg`` format) for Xids and NVSwitch SXids the simulator emits."""
 
 from __future__ import annotations
 
@@ -45,6 +45,17 @@ def xid_message(
     mig = f" GPU-I:{gpu_instance:02d}" if gpu_instance is not None else ""
     who = f"pid={pid}, name={name}, " if pid is not None else "pid='<unknown>', name=<unknown>, "
     return f"NVRM: Xid (PCI:0000:{bus:02x}:00{mig}): {code}, {who}{text}"
+
+
+# PCI bus of NVSwitch 0; switch ``n`` sits on bus ``SWITCH_BUS + n``.
+SWITCH_BUS = 0x05
+
+
+def sxid_message(switch: int, code: int, fatal: bool, link: int, text: str) -> str:
+    """``nvidia-nvswitch3: SXid (PCI:0000:08:00.0): 12028, Non-fatal, Link 32 <text>``."""
+    severity = "Fatal" if fatal else "Non-fatal"
+    bus = f"0000:{SWITCH_BUS + switch:02x}:00.0"
+    return f"nvidia-nvswitch{switch}: SXid (PCI:{bus}): {code}, {severity}, Link {link} {text}"
 
 
 class KmsgLog:

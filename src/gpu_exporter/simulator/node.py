@@ -15,7 +15,13 @@ from typing import Any
 import pynvml
 
 from gpu_exporter.simulator.devices import Device, GpuDevice, MigDevice, Workload
-from gpu_exporter.simulator.kmsg import PROCESS_XIDS, XID_TEXT, KmsgLog, xid_message
+from gpu_exporter.simulator.kmsg import (
+    PROCESS_XIDS,
+    XID_TEXT,
+    KmsgLog,
+    sxid_message,
+    xid_message,
+)
 from gpu_exporter.simulator.scenario import (
     RECOVERY_ACTIONS,
     AllocationSpec,
@@ -300,6 +306,11 @@ class SimulatedNode:
         text = p["message"] or XID_TEXT.get(p["code"], "Unknown error")
         gi = mig.spec.gpu_instance_id if mig else None
         return xid_message(gpu.bus, p["code"], pid, name, text, gi)
+
+    def _on_sxid(self, p: Mapping[str, Any], t: float) -> None:
+        fatal = p["severity"] == "fatal"
+        line = sxid_message(p["switch"], p["code"], fatal, p["link"], p["message"])
+        self.kmsg.emit(line, t)
 
     def _deliver(self, gpu: GpuDevice, event: QueuedEvent) -> None:
         for event_set in list(self.event_sets.values()):

@@ -1,4 +1,5 @@
 """The Xid core: de-duplicates, classifies, attributes, counts, latches drains, and persists.
+NVSwitch SXids (kernel log only) are counted and persisted alongside.
 
 Called from the reader threads (kernel log, NVML events) and from a control thread (device
 listener calls); one lock serialises every change, and the journal is written under it so the
@@ -19,7 +20,8 @@ from ..devices import DeviceId
 from ..logs import RateLimiter, get_logger
 from .classes import Classifier
 from .journal import Journal
-from .state import REASONS, CountKey, LastKey, Op, XidState
+from .parser import SxidLine
+from .state import REASONS, CountKey, LastKey, Op, SxidKey, XidState
 
 SOURCE_KMSG = "kmsg"
 SOURCE_NVML = "nvml_events"
@@ -72,12 +74,24 @@ class Observation:
 
 
 @dataclass(frozen=True)
+class SxidObservation:
+    """One NVSwitch SXid kernel-log record."""
+
+    line: SxidLine
+    when: float  # wall time of the event
+    raw: str = ""
+    kmsg: KmsgPosition | None = None
+    kmsg_mark: KmsgMark | None = None
+
+
+@dataclass(frozen=True)
 class Published:
     """An immutable view of the state for the event loop."""
 
     counts: Mapping[CountKey, float] = field(default_factory=dict)
     last_seen: Mapping[LastKey, float] = field(default_factory=dict)
     class_counts: Mapping[tuple[str, str, str], float] = field(default_factory=dict)
+    sxid_counts: Mapping[SxidKey, float] = field(default_factory=dict)
     latches: tuple[tuple[str, str, str], ...] = ()  # (uuid, gpu, reason)
     duplicates: Mapping[str, float] = field(default_factory=dict)
     kmsg_lost: float = 0.0
@@ -173,6 +187,32 @@ class XidCore:
                 _log_xid(obs, labels)
             else:
                 _log.debug("duplicate Xid dropped", source=obs.source, xid=obs.xid, raw=obs.raw)
+
+    def observe_sxid(self, obs: SxidObservation) -> None:
+        """Count an NVSwitch SXid and persist it with its kernel-log position (no other source
+        reports SXids, so there is nothing to de-duplicate)."""
+        line = obs.line
+        op: Op = {
+            "op": "sxid",
+            "l": [line.switch, line.bus_id, str(line.sxid), line.severity],
+            "w": obs.when,
+            "k": list(obs.kmsg) if obs.kmsg is not None else None,
+        }
+        if obs.kmsg_mark is not None:
+            op["m"] = list(obs.kmsg_mark)
+        with self._lock:
+            self._commit([op])
+        fields: dict[str, Any] = {
+            "switch": line.switch,
+            "pci_bus_id": line.bus_id,
+            "sxid": line.sxid,
+            "severity": line.severity,
+            "event_time": obs.when,
+            "raw": obs.raw,
+        }
+        if obs.kmsg is not None:
+            fields["boot_id"], fields["seq"] = obs.kmsg[0], obs.kmsg[1]
+        getattr(_log, "error" if line.severity == "fatal" else "warning")("sxid", **fields)
 
     def _labels(self, obs: Observation) -> CountKey:
         xid_class, action = self._classifier.classify(obs.xid, obs.details)
@@ -299,6 +339,7 @@ class XidCore:
             counts=dict(state.counts),
             last_seen=dict(state.last_seen),
             class_counts=state.class_totals(),
+            sxid_counts=dict(state.sxid_counts),
             latches=tuple((uuid, latch.gpu, reason) for uuid, reason, latch in state.latched()),
             duplicates=dict(self._duplicates),
             kmsg_lost=float(self._kmsg_lost),

@@ -52,6 +52,14 @@ _FALLEN_ONE_LINE = re.compile(
     r"(?:\.[0-7])?):?\s+GPU has fallen off the bus",
     re.IGNORECASE,
 )
+# NVSwitch: `nvidia-nvswitch3: SXid (PCI:0000:05:00.0): 12028, Non-fatal, Link 32 ...`.
+_SXID = re.compile(
+    r"(?:nvidia-nvswitch(?P<switch>\d{1,3})\s*:\s*)?SXid\s*\(\s*(?:PCI:)?"
+    r"(?P<bus>(?:[0-9a-fA-F]{1,8}:)?[0-9a-fA-F]{1,2}:[0-9a-fA-F]{1,2}(?:\.[0-7])?)\s*\)\s*:\s*"
+    r"(?P<code>\d{1,5})\b(?P<rest>.*)$",
+    re.DOTALL,
+)
+_SXID_SEVERITY = re.compile(r"^\s*,\s*(?P<severity>Fatal|Non-?fatal)\b", re.IGNORECASE)
 _BUS = re.compile(
     r"^\s*(?:PCI:)?(?:(?P<domain>[0-9a-fA-F]{1,8}):)?(?P<bus>[0-9a-fA-F]{1,2}):"
     r"(?P<device>[0-9a-fA-F]{1,2})(?:\.[0-7])?\s*$"
@@ -84,6 +92,17 @@ class XidLine:
     text: str = ""
     details: dict[str, str] = field(default_factory=dict)
     fallen_off_bus: bool = False  # from the multi-line report, not an "Xid" line
+
+
+@dataclass(frozen=True)
+class SxidLine:
+    """What an NVSwitch SXid line says."""
+
+    sxid: int
+    bus_id: str  # the switch's normalised DDDD:BB:DD.F (see normalize_function_bus_id)
+    switch: str  # the nvswitch instance number, "" when the line does not name it
+    severity: str  # "fatal", "non_fatal", or "unknown" when the line does not say
+    text: str = ""
 
 
 def unescape(data: bytes) -> str:
@@ -201,6 +220,44 @@ def normalize_bus_id(text: str) -> str | None:
         return None
     domain = int(match.group("domain") or "0", 16)
     return f"{domain:04x}:{int(match.group('bus'), 16):02x}:{int(match.group('device'), 16):02x}"
+
+
+def normalize_function_bus_id(text: str) -> str | None:
+    """``PCI:0000:05:00.0``, ``05:00.0``, ``00000000:05:00`` -> ``0000:05:00.0``: an NVSwitch
+    is a PCI function of its own, so the function is kept (0 when the text has none)."""
+    device = normalize_bus_id(text)
+    if device is None:
+        return None
+    _, dot, function = text.strip().rpartition(".")
+    return f"{device}.{function if dot else '0'}"
+
+
+def parse_sxid(message: str) -> SxidLine | None:
+    """An NVSwitch SXid line, or None when the message is not one."""
+    if "SXid" not in message:
+        return None
+    match = _SXID.search(message)
+    if match is None:
+        return None
+    bus = normalize_function_bus_id(match.group("bus"))
+    code = int(match.group("code"))
+    if bus is None or not 0 < code <= MAX_XID:
+        return None
+    rest = match.group("rest")
+    severity = _SXID_SEVERITY.match(rest)
+    if severity is None:
+        level = "unknown"
+    else:
+        level = "fatal" if severity.group("severity").lower() == "fatal" else "non_fatal"
+        rest = rest[severity.end() :]
+    switch = match.group("switch")
+    return SxidLine(
+        sxid=code,
+        bus_id=bus,
+        switch=str(int(switch)) if switch is not None else "",
+        severity=level,
+        text=rest.strip().removeprefix(",").strip(),
+    )
 
 
 def parse_xid(message: str) -> XidLine | None:

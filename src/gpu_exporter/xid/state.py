@@ -1,13 +1,14 @@
 """The Xid state that must survive restarts, as a pure value changed only by *ops*.
 
-Every change (an Xid counted, a duplicate matched, a pod's series expired, a drain latch set or
-cleared, a new boot) is an op: a small JSON-able dict. The live path applies an op and appends it
-to the journal; startup replays the journal's ops onto the last snapshot with the same
-:meth:`XidState.apply`, so the state after a crash is exactly the state before it, up to the last
-op written. An op carries the kernel-log position (boot id, sequence number) of the record it
-came from together with its count, so "counted" and "seen" can never disagree after a crash. A
-kernel-log op also carries the record's *mark* (``"m"``: printk usec, text hash, occurrence), the
-identity syslog(2) records have instead of a sequence number; an older exporter ignores the key.
+Every change (an Xid or NVSwitch SXid counted, a duplicate matched, a pod's series expired, a
+drain latch set or cleared, a new boot) is an op: a small JSON-able dict. The live path applies
+an op and appends it to the journal; startup replays the journal's ops onto the last snapshot
+with the same :meth:`XidState.apply`, so the state after a crash is exactly the state before it,
+up to the last op written. An op carries the kernel-log position (boot id, sequence number) of
+the record it came from together with its count, so "counted" and "seen" can never disagree
+after a crash. A kernel-log op also carries the record's *mark* (``"m"``: printk usec, text
+hash, occurrence), the identity syslog(2) records have instead of a sequence number; an older
+exporter ignores the key.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ CountKey = tuple[str, str, str, str, str, str, str]
 LastKey = tuple[str, str, str, str]
 # (gpu, uuid, class): the labels of gpu_xid_class_errors_total.
 ClassKey = tuple[str, str, str]
+# (switch, pci_bus_id, sxid, severity): the labels of gpu_nvswitch_sxid_errors_total.
+SxidKey = tuple[str, str, str, str]
 Op = dict[str, Any]
 
 REASONS = ("hardware_xid", "row_remap_failure", "device_lost")
@@ -58,6 +61,7 @@ class XidState:
     # What expired pod series had counted, so the per-class totals never go down.
     expired: dict[ClassKey, float] = field(default_factory=dict)
     last_seen: dict[LastKey, float] = field(default_factory=dict)
+    sxid_counts: dict[SxidKey, float] = field(default_factory=dict)
     latches: dict[str, dict[str, Latch]] = field(default_factory=dict)  # uuid -> reason -> latch
     recent: list[Recent] = field(default_factory=list)
     boot_id: str = ""
@@ -185,6 +189,13 @@ class XidState:
         self.next_id = max(self.next_id, int(recent[0]) + 1)
         self._prune(when)
 
+    def _sxid(self, op: Mapping[str, Any]) -> None:
+        switch, bus_id, sxid, severity = (str(value) for value in op["l"])
+        self._kmsg(op.get("k"))
+        self._mark(op.get("m"))
+        key = (switch, bus_id, sxid, severity)
+        self.sxid_counts[key] = self.sxid_counts.get(key, 0.0) + 1.0
+
     def _dup(self, op: Mapping[str, Any]) -> None:
         target, channel = int(op["r"]), str(op["c"])
         self._kmsg(op.get("k"))
@@ -269,6 +280,7 @@ class XidState:
             "counts": [[*key, value] for key, value in self.counts.items()],
             "count_last": [[*key, value] for key, value in self.count_last.items()],
             "expired": [[*key, value] for key, value in self.expired.items()],
+            "sxid_counts": [[*key, value] for key, value in self.sxid_counts.items()],
             "last_seen": [[*key, value] for key, value in self.last_seen.items()],
             "latches": [
                 [uuid, reason, latch.gpu, latch.since]
@@ -311,6 +323,8 @@ class XidState:
             state.count_last.setdefault(key, state.last_seen.get(key[:4], 0.0))
         for gpu, uuid, xid_class, value in data.get("expired", ()):
             state.expired[(str(gpu), str(uuid), str(xid_class))] = float(value)
+        for switch, bus_id, sxid, severity, value in data.get("sxid_counts", ()):
+            state.sxid_counts[(str(switch), str(bus_id), str(sxid), str(severity))] = float(value)
         for uuid, reason, gpu, since in data["latches"]:
             state.latches.setdefault(str(uuid), {})[str(reason)] = Latch(str(gpu), float(since))
         for rid, key, xid, when, channels in data["recent"]:
@@ -333,6 +347,7 @@ def _count_key(values: Iterable[Any]) -> CountKey:
 _HANDLERS = {
     "count": XidState._count,
     "dup": XidState._dup,
+    "sxid": XidState._sxid,
     "expire": XidState._expire,
     "latch": XidState._latch,
     "boot": XidState._boot,

@@ -33,6 +33,7 @@ from .core import (
     KmsgPosition,
     Observation,
     Published,
+    SxidObservation,
     XidCore,
 )
 from .journal import Journal, Write
@@ -43,6 +44,7 @@ from .parser import (
     KmsgRecord,
     XidLine,
     normalize_bus_id,
+    parse_sxid,
     parse_xid,
     text_hash,
 )
@@ -88,13 +90,19 @@ KMSG_LOST = counter(
 )
 UNPARSED = counter(
     "gpu_exporter_xid_unparsed_lines_total",
-    "Kernel log lines that mention an Xid but could not be parsed.",
+    "Kernel log lines that mention an Xid or an NVSwitch SXid but could not be parsed.",
+)
+SXID_ERRORS = counter(
+    "gpu_nvswitch_sxid_errors_total",
+    "NVSwitch SXid errors from the kernel log, by switch instance, the switch's PCI address, "
+    "code and severity (fatal|non_fatal|unknown).",
 )
 FAMILIES: tuple[Family, ...] = (
     XID_ERRORS,
     XID_CLASS_ERRORS,
     XID_LAST,
     DRAIN,
+    SXID_ERRORS,
     SOURCE_UP,
     JOURNAL_OK,
     JOURNAL_ERRORS,
@@ -103,7 +111,9 @@ FAMILIES: tuple[Family, ...] = (
     UNPARSED,
 )
 COUNT_LABELS = ("gpu", "uuid", "xid", "class", "action", "namespace", "pod")
+SXID_LABELS = ("switch", "pci_bus_id", "sxid", "severity")
 _XID_WORD = re.compile(r"(?<![A-Za-z])Xid\b")
+_SXID_WORD = re.compile(r"\bSXid\b")
 BOOT_ID_FILE = "sys/kernel/random/boot_id"
 
 _log = get_logger("xid")
@@ -318,6 +328,10 @@ class XidSubsystem:
         ]
         out += self._class_samples(published)
         out += [
+            Sample(SXID_ERRORS, label_string(zip(SXID_LABELS, key, strict=True)), value)
+            for key, value in sorted(published.sxid_counts.items())
+        ]
+        out += [
             Sample(XID_LAST, label_string(zip(COUNT_LABELS[:4], key, strict=True)), value)
             for key, value in sorted(published.last_seen.items())
         ]
@@ -431,14 +445,23 @@ class XidSubsystem:
             if batch.live and record.usec is not None:
                 self._offset = batch.arrival - record.usec / 1e6
             position = (*position[:2], self._offset, *position[3:])
-            line = parse_xid(record.message) or self._tracker.feed(record.message)
+            message = record.message
+            line = parse_xid(message) or self._tracker.feed(message)
             if line is not None:
                 observation = self._kmsg_observation(
                     line, record, batch, position, self._mark(batch, index, record)
                 )
                 observations.append(observation)
-            elif "NVRM" in record.message and _XID_WORD.search(record.message):
-                self.core.note_unparsed(record.message)
+            elif (sxid := parse_sxid(message)) is not None:
+                # Counted in record order: the journal's position must never pass an Xid
+                # that is not yet counted.
+                self.core.observe(observations)
+                observations = []
+                when = self._event_time(record, batch)
+                mark = self._mark(batch, index, record)
+                self.core.observe_sxid(SxidObservation(sxid, when, message, position, mark))
+            elif ("NVRM" in message and _XID_WORD.search(message)) or _SXID_WORD.search(message):
+                self.core.note_unparsed(message)
         self.core.observe(observations)
 
     @staticmethod
@@ -456,6 +479,12 @@ class XidSubsystem:
         end = batch.ends[index] if batch.ends is not None else None
         return (self._boot_id, record.seq, self._offset, batch.file_key, end)
 
+    def _event_time(self, record: KmsgRecord, batch: Batch) -> float:
+        if record.usec is None or self._offset is None:
+            return batch.arrival
+        # Never in the future: a replayed record's anchor is only an estimate.
+        return min(self._offset + record.usec / 1e6, batch.arrival)
+
     def _kmsg_observation(
         self,
         line: XidLine,
@@ -469,15 +498,11 @@ class XidSubsystem:
         device = gpu
         if gpu is not None:
             device = inventory.mig_device(gpu.uuid, line.gpu_instance_id) or gpu
-        when = batch.arrival
-        if record.usec is not None and self._offset is not None:
-            # Never in the future: a replayed record's anchor is only an estimate.
-            when = min(self._offset + record.usec / 1e6, batch.arrival)
         return Observation(
             source=SOURCE_KMSG,
             channel="kmsg_fallen" if line.fallen_off_bus else "kmsg",
             xid=line.xid,
-            when=when,
+            when=self._event_time(record, batch),
             device=device,
             gpu_uuid=gpu.uuid if gpu is not None else "",
             bus_id=line.bus_id,
