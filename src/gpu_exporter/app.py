@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from .admin import admin_routes
 from .config import Config
 from .logs import get_logger
 from .nvml import WorkerPool
@@ -128,6 +129,9 @@ def build_exporter(config: Config) -> Exporter:
         config.web, max_requests=config.web_max_requests, auth_health=config.web_auth_health
     )
     sampler.add_source(guard)
+    if config.web_enable_admin_api:
+        checked = bool(config.web and config.web.auth_required)
+        extra_routes = [*extra_routes, *admin_routes(xid, credentials_checked=checked)]
     web_app = make_web_app(sampler, extra_routes, guard)
     return Exporter(config, pool, sampler, web_app, xid, allocation, simulation, kubelet)
 

@@ -231,6 +231,14 @@ def build_parser() -> argparse.ArgumentParser:
         "kubelet probes send none)",
     )
     add(
+        "--web.enable-admin-api",
+        dest="web_enable_admin_api",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="serve POST /-/drain/clear, which clears a GPU's drain recommendation (default off; "
+        "protect it with the web config's credentials, see docs/security.md)",
+    )
+    add(
         "--web.max-requests",
         dest="web_max_requests",
         type=_checked(parse_count),
@@ -338,6 +346,7 @@ def parse_config(argv: Sequence[str], environ: Mapping[str, str] | None = None) 
         idle_threshold=namespace.idle_threshold,
         web_config_file=namespace.web_config_file,
         web_auth_health=namespace.web_auth_health,
+        web_enable_admin_api=namespace.web_enable_admin_api,
         web_max_requests=namespace.web_max_requests,
         web_read_timeout=namespace.web_read_timeout,
         log_format=namespace.log_format,

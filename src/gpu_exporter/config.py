@@ -44,6 +44,7 @@ class Config:
     web_config_file: Path | None = None
     web: WebConfig | None = None  # loaded from web_config_file by the CLI at start
     web_auth_health: bool = False
+    web_enable_admin_api: bool = False
     web_max_requests: int = 40
     web_read_timeout: float = 30.0
     log_format: str = "auto"

@@ -112,6 +112,13 @@ class PasswordCheck:
         return hmac.new(self._key, message, hashlib.sha256).digest()
 
 
+def basic_auth_user(authorization: str | None) -> str | None:
+    """The user an ``Authorization: Basic`` header names (verified only where the guard checks
+    credentials), or None."""
+    credentials = _decode_basic(authorization)
+    return credentials[0] if credentials is not None else None
+
+
 def _decode_basic(authorization: str | None) -> tuple[str, str] | None:
     """(user, password) from an ``Authorization: Basic`` header, or None when it is not one."""
     scheme, _, encoded = (authorization or "").strip().partition(" ")

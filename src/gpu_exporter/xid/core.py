@@ -289,14 +289,20 @@ class XidCore:
         if ops:
             _log.warning("drain recommended", gpu=gpu, uuid=gpu_uuid, reason=reason)
 
-    def clear_latches(self, gpu_uuid: str, why: str) -> None:
+    def clear_latches(
+        self, gpu_uuid: str, why: str, only: Iterable[str] | None = None
+    ) -> list[str]:
+        """Clear the GPU's latches (``only`` those reasons, if given); returns what was cleared."""
+        wanted = None if only is None else set(only)
         with self._lock:
-            reasons = list(self._state.latches.get(gpu_uuid, {}))
+            latched = self._state.latches.get(gpu_uuid, {})
+            reasons = [r for r in latched if wanted is None or r in wanted]
             ops: list[Op] = [{"op": "latch", "u": gpu_uuid, "why": r, "on": False} for r in reasons]
             if ops:
                 self._commit(ops)
         if reasons:
             _log.info("drain recommendation cleared", uuid=gpu_uuid, reasons=reasons, why=why)
+        return reasons
 
     def clear_lost_that_answer(self, gpu_uuids: Iterable[str]) -> None:
         """At startup: a GPU latched ``device_lost`` (in this boot) that answers now was brought

@@ -293,13 +293,23 @@ class XidSubsystem:
         self._refresh_inventory(force=True)
         self._control_call(self.core.clear_latches, _gpu_uuid(gpu), "gpu reset observed")
 
+    async def clear_drain(
+        self, gpu_uuid: str, reasons: Iterable[str] | None, who: str
+    ) -> list[str]:
+        """An operator's clear (the admin API): the latches of ``gpu_uuid`` (``reasons`` only, if
+        given), journalled on the control thread like every other change; returns the reasons
+        that were set and are now cleared."""
+        clear = functools.partial(self.core.clear_latches, gpu_uuid, f"cleared by {who}", reasons)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._control, clear)
+
     def note_remap_failure(self, device: DeviceId) -> None:
         """Row remapping failed on this GPU (any thread): recommend draining it."""
         self._control_call(
             self.core.set_latch, _gpu_uuid(device), str(device.index), "row_remap_failure"
         )
 
-    def _control_call(self, fn: Callable[..., None], *args: Any) -> None:
+    def _control_call(self, fn: Callable[..., object], *args: Any) -> None:
         control = self._control
         if control is None:
             fn(*args)  # not started (tests, or a call racing stop): do it here
