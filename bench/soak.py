@@ -5,13 +5,15 @@ Starts the real exporter process on the simulated node ``bench/scenarios/soak.ya
 plain/gzip and text/OpenMetrics) while it injects, through ``POST /-/simulator/events``:
 
 - Xids of several codes and classes on random GPUs every few seconds, delivered through NVML, the
-  kernel log or both (which the exporter must count once), sometimes as a storm of identical ones;
+  kernel log or both (which the exporter must count once), sometimes as a storm of identical ones,
+  and now and then an NVSwitch SXid (kernel log only) instead;
 - pods allocated on free GPUs and released;
 - a GPU lost and, several seconds later, recovered, about every minute.
 
 Every ``--sample-every`` seconds it records the exporter's RSS, the scrapes, their latency and
 errors, and Xids injected versus counted. At the end it lets the exporter settle and checks three
-verdicts: every injected Xid counted exactly once per (gpu, xid); no scrape error (non-200,
+verdicts: every injected Xid counted exactly once per (gpu, xid), every SXid per (switch, sxid);
+no scrape error (non-200,
 connection error, truncated or malformed body); RSS flat (median of the last 20% of the samples
 after the warm-up within tolerance of the median of the first 20%). It prints a table, writes
 ``bench/results/soak.json`` and exits 1 when a verdict fails: a soak is a test, not a benchmark.
@@ -65,6 +67,9 @@ GUARD_S = 8.0  # > the exporter's 5 s both-sources matching window, with margin 
 PROBE_AFTER_S = 0.3  # the loss-window probe: this long after a GPU is lost
 LOSS_WINDOW_S = 2.5  # with --no-loss-window-probe, no NVML-only Xid this long after a loss
 STORM_P = 0.1  # chance that an Xid comes as a storm of identical ones (delivered both ways)
+SXID_P = 0.1  # chance that an NVSwitch SXid comes instead of an Xid
+SWITCHES = 4  # an HGX H100 baseboard's NVSwitches
+SXID_CODES = (11004, 12028, 20034, 24007)
 VARIANTS = (  # (gzip, openmetrics), taken in turn by every scraper
     (False, False),
     (True, False),
@@ -100,18 +105,29 @@ class Params:
 # --------------------------------------------------------------------------- pure pieces
 
 _XID_LINE = re.compile(r"^gpu_xid_errors_total\{([^}]*)\} (\S+)", re.M)
+_SXID_LINE = re.compile(r"^gpu_nvswitch_sxid_errors_total\{([^}]*)\} (\S+)", re.M)
 _GPU_UP = re.compile(r'^gpu_up\{gpu="(\d+)"[^}]*\} (\S+)', re.M)
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
 def xid_counts(exposition: str) -> dict[tuple[str, str], float]:
-    """``gpu_xid_errors_total`` summed over every other label, by ``(gpu, xid)``."""
+    """``gpu_xid_errors_total`` summed over every other label, by ``(gpu, xid)``; and
+    ``gpu_nvswitch_sxid_errors_total`` by ``("nvswitch<switch>", sxid)``."""
     sums: dict[tuple[str, str], float] = {}
     for labels, value in _XID_LINE.findall(exposition):
         named = dict(_LABEL.findall(labels))
         key = (named.get("gpu", ""), named.get("xid", ""))
         sums[key] = sums.get(key, 0.0) + float(value)
+    for labels, value in _SXID_LINE.findall(exposition):
+        named = dict(_LABEL.findall(labels))
+        key = (sxid_key(named.get("switch", "")), named.get("sxid", ""))
+        sums[key] = sums.get(key, 0.0) + float(value)
     return sums
+
+
+def sxid_key(switch: int | str) -> str:
+    """Where an NVSwitch's SXids sit in the (gpu, xid) tally."""
+    return f"nvswitch{switch}"
 
 
 def gpus_up(exposition: str) -> dict[int, bool]:
@@ -145,7 +161,7 @@ def xid_verdict(
     injected: Mapping[tuple[str, str], int], counted: Mapping[tuple[str, str], float]
 ) -> dict[str, Any]:
     """Exact: every (gpu, xid) counted as often as injected, nothing counted that was not."""
-    keys = sorted(set(injected) | set(counted), key=lambda k: (int(k[0] or -1), int(k[1])))
+    keys = sorted(set(injected) | set(counted), key=_tally_order)
     wrong = [
         {"gpu": gpu, "xid": xid, "injected": injected.get((gpu, xid), 0), "counted": got}
         for gpu, xid in keys
@@ -158,6 +174,14 @@ def xid_verdict(
         "pairs": len(keys),
         "mismatches": wrong,
     }
+
+
+def _tally_order(key: tuple[str, str]) -> tuple[int, int | str, int]:
+    """GPUs by index (unmatched "" first), then the NVSwitches; codes numerically."""
+    where, code = key
+    if where.isdigit() or not where:
+        return (0, int(where or -1), int(code))
+    return (1, where, int(code))
 
 
 def rss_verdict(
@@ -307,6 +331,7 @@ class Injected:
     xids: Counter[tuple[str, str]] = field(default_factory=Counter)
     by_delivery: Counter[str] = field(default_factory=Counter)
     storms: int = 0
+    sxids: int = 0
     allocations: int = 0
     releases: int = 0
     losses: list[dict[str, float]] = field(default_factory=list)
@@ -351,6 +376,9 @@ class Injector:
 
     async def xids(self, stop: asyncio.Event) -> None:
         while not await _sleep_or_stop(stop, self.pause(self.params.xid_every)):
+            if self.rng.random() < SXID_P:
+                await self.send_sxid()
+                continue
             gpu = self.rng.randrange(GPUS)
             code = self.rng.choice(XID_CODES)
             if gpu in self.unavailable:
@@ -373,6 +401,13 @@ class Injector:
         self.done.by_delivery[delivery or "kmsg"] += copies
         if delivery in ("nvml", "kmsg"):
             self.single[(gpu, code)] = (delivery, time.monotonic())
+
+    async def send_sxid(self) -> None:
+        switch, code = self.rng.randrange(SWITCHES), self.rng.choice(SXID_CODES)
+        severity = self.rng.choice(("fatal", "non_fatal"))
+        await self.post([{"type": "sxid", "switch": switch, "code": code, "severity": severity}])
+        self.done.xids[(sxid_key(switch), str(code))] += 1
+        self.done.sxids += 1
 
     def _delivery(self, gpu: int, code: int) -> str | None:
         if code in KMSG_ONLY_CODES:
@@ -600,6 +635,7 @@ async def soak(proc: Proc, params: Params) -> dict[str, Any]:
             "xids": sum(injector.done.xids.values()),
             "xids_by_delivery": dict(injector.done.by_delivery),
             "storms": injector.done.storms,
+            "sxids": injector.done.sxids,
             "guarded_to_both": injector.done.guarded,
             "skipped_on_lost_gpu": injector.done.skipped_lost,
             "loss_window_probes": injector.done.probes,

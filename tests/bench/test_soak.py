@@ -19,23 +19,31 @@ gpu_xid_errors_total{gpu="4",uuid="GPU-b",xid="13",class="application",namespace
 gpu_xid_class_errors_total{gpu="3",uuid="GPU-a",class="hardware"} 3
 gpu_xid_last_timestamp_seconds{gpu="3",uuid="GPU-a",xid="48",class="hardware"} 1.7e9
 gpu_info{gpu="3",uuid="GPU-a"} 1
+gpu_nvswitch_sxid_errors_total{switch="2",pci_bus_id="0000:07:00.0",sxid="24007",severity="fatal"} 2
 """
 
 
 def test_xid_counts_sum_every_pod_of_one_gpu_and_code() -> None:
-    assert xid_counts(EXPOSITION) == {("3", "48"): 3.0, ("4", "13"): 1.0}, (
-        "only gpu_xid_errors_total counts, summed over pods, kept apart by (gpu, xid)"
+    assert xid_counts(EXPOSITION) == {
+        ("3", "48"): 3.0,
+        ("4", "13"): 1.0,
+        ("nvswitch2", "24007"): 2.0,
+    }, (
+        "only gpu_xid_errors_total counts, summed over pods, kept apart by (gpu, xid); "
+        "NVSwitch SXids by (switch, sxid)"
     )
 
 
 def test_an_exact_count_passes() -> None:
-    verdict = xid_verdict({("3", "48"): 3, ("4", "13"): 1}, xid_counts(EXPOSITION))
+    injected = {("3", "48"): 3, ("4", "13"): 1, ("nvswitch2", "24007"): 2}
+    verdict = xid_verdict(injected, xid_counts(EXPOSITION))
     assert verdict["ok"], f"equal counts must pass: {verdict}"
-    assert (verdict["injected"], verdict["counted"]) == (4, 4)
+    assert (verdict["injected"], verdict["counted"]) == (6, 6)
 
 
 def test_a_missing_and_a_double_count_both_fail() -> None:
-    verdict = xid_verdict({("3", "48"): 2, ("4", "13"): 2}, xid_counts(EXPOSITION))
+    injected = {("3", "48"): 2, ("4", "13"): 2, ("nvswitch2", "24007"): 2}
+    verdict = xid_verdict(injected, xid_counts(EXPOSITION))
     assert not verdict["ok"], "a double count on one GPU must not hide a lost one on another"
     assert [(m["gpu"], m["xid"], m["injected"], m["counted"]) for m in verdict["mismatches"]] == [
         ("3", "48", 2, 3.0),

@@ -165,15 +165,25 @@ class XidCore:
 
     # -- events --------------------------------------------------------------------------------
 
-    def observe(self, observations: Iterable[Observation]) -> None:
-        """Count what is new, drop duplicates, persist; then log each counted Xid."""
-        prepared = [(obs, self._labels(obs)) for obs in observations]
+    def observe(self, observations: Iterable[Observation | SxidObservation]) -> None:
+        """Count what is new, drop duplicates, persist (one journal write for the batch, in
+        record order: the journal's kernel-log position never passes an uncounted record); then
+        log each counted event. NVSwitch SXids have one source: nothing to de-duplicate."""
+        prepared = [
+            (obs, None if isinstance(obs, SxidObservation) else self._labels(obs))
+            for obs in observations
+        ]
         if not prepared:
             return
         outcomes: list[bool] = []
         with self._lock:
             applied: list[Op] = []
             for obs, labels in prepared:
+                if isinstance(obs, SxidObservation):
+                    applied += self._apply([_sxid_op(obs)])
+                    outcomes.append(True)
+                    continue
+                assert labels is not None
                 # Applied one by one: a later report in the same batch may be this one's twin.
                 op = self._decide(obs, labels)
                 counted = op["op"] == "count"
@@ -183,36 +193,12 @@ class XidCore:
                     self._duplicates[obs.source] += 1
             self._persist(applied)
         for (obs, labels), counted in zip(prepared, outcomes, strict=True):
-            if counted:
-                _log_xid(obs, labels)
-            else:
+            if isinstance(obs, SxidObservation):
+                _log_sxid(obs)
+            elif not counted:
                 _log.debug("duplicate Xid dropped", source=obs.source, xid=obs.xid, raw=obs.raw)
-
-    def observe_sxid(self, obs: SxidObservation) -> None:
-        """Count an NVSwitch SXid and persist it with its kernel-log position (no other source
-        reports SXids, so there is nothing to de-duplicate)."""
-        line = obs.line
-        op: Op = {
-            "op": "sxid",
-            "l": [line.switch, line.bus_id, str(line.sxid), line.severity],
-            "w": obs.when,
-            "k": list(obs.kmsg) if obs.kmsg is not None else None,
-        }
-        if obs.kmsg_mark is not None:
-            op["m"] = list(obs.kmsg_mark)
-        with self._lock:
-            self._commit([op])
-        fields: dict[str, Any] = {
-            "switch": line.switch,
-            "pci_bus_id": line.bus_id,
-            "sxid": line.sxid,
-            "severity": line.severity,
-            "event_time": obs.when,
-            "raw": obs.raw,
-        }
-        if obs.kmsg is not None:
-            fields["boot_id"], fields["seq"] = obs.kmsg[0], obs.kmsg[1]
-        getattr(_log, "error" if line.severity == "fatal" else "warning")("sxid", **fields)
+            elif labels is not None:
+                _log_xid(obs, labels)
 
     def _labels(self, obs: Observation) -> CountKey:
         xid_class, action = self._classifier.classify(obs.xid, obs.details)
@@ -370,6 +356,34 @@ class XidCore:
     def close(self) -> None:
         with self._lock:
             self._journal.close()
+
+
+def _sxid_op(obs: SxidObservation) -> Op:
+    line = obs.line
+    op: Op = {
+        "op": "sxid",
+        "l": [line.switch, line.bus_id, str(line.sxid), line.severity],
+        "w": obs.when,
+        "k": list(obs.kmsg) if obs.kmsg is not None else None,
+    }
+    if obs.kmsg_mark is not None:
+        op["m"] = list(obs.kmsg_mark)
+    return op
+
+
+def _log_sxid(obs: SxidObservation) -> None:
+    line = obs.line
+    fields: dict[str, Any] = {
+        "switch": line.switch,
+        "pci_bus_id": line.bus_id,
+        "sxid": line.sxid,
+        "severity": line.severity,
+        "event_time": obs.when,
+        "raw": obs.raw,
+    }
+    if obs.kmsg is not None:
+        fields["boot_id"], fields["seq"] = obs.kmsg[0], obs.kmsg[1]
+    getattr(_log, "error" if line.severity == "fatal" else "warning")("sxid", **fields)
 
 
 def _log_xid(obs: Observation, labels: CountKey) -> None:

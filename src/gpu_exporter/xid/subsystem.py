@@ -432,7 +432,7 @@ class XidSubsystem:
     # -- the kernel-log thread ---------------------------------------------------------------------
 
     def _on_kmsg(self, batch: Batch) -> None:
-        observations = []
+        observations: list[Observation | SxidObservation] = []
         replay_start = 0
         if batch.marks is not None and not batch.live:
             # syslog(2): no sequence numbers; the journal's mark says where the last run stopped.
@@ -463,13 +463,9 @@ class XidSubsystem:
                 )
                 observations.append(observation)
             elif (sxid := parse_sxid(message)) is not None:
-                # Counted in record order: the journal's position must never pass an Xid
-                # that is not yet counted.
-                self.core.observe(observations)
-                observations = []
                 when = self._event_time(record, batch)
                 mark = self._mark(batch, index, record)
-                self.core.observe_sxid(SxidObservation(sxid, when, message, position, mark))
+                observations.append(SxidObservation(sxid, when, message, position, mark))
             elif ("NVRM" in message and _XID_WORD.search(message)) or _SXID_WORD.search(message):
                 self.core.note_unparsed(message)
         self.core.observe(observations)
