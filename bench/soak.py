@@ -404,7 +404,7 @@ class Injector:
 
     async def send_sxid(self) -> None:
         switch, code = self.rng.randrange(SWITCHES), self.rng.choice(SXID_CODES)
-        severity = self.rng.choice(("fatal", "non_fatal"))
+        severity = self.rng.choice(("fatal", "non_fatal", "correctable"))
         await self.post([{"type": "sxid", "switch": switch, "code": code, "severity": severity}])
         self.done.xids[(sxid_key(switch), str(code))] += 1
         self.done.sxids += 1

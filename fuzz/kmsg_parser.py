@@ -33,7 +33,13 @@ from tests.fuzz.kernel_text import (
     syslog_line,
 )
 
-from gpu_exporter.simulator.kmsg import XID_TEXT, KmsgLog, sxid_message, xid_message
+from gpu_exporter.simulator.kmsg import (
+    XID_TEXT,
+    KmsgLog,
+    sxid_details,
+    sxid_message,
+    xid_message,
+)
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -66,8 +72,9 @@ def test_one_input(data: bytes) -> None:
         check_xid_round_trip(*xid_fields(fields))
     elif mode == 4:
         switch, code = fields.ConsumeIntInRange(0, 15), fields.ConsumeIntInRange(1, parser.MAX_XID)
-        fatal, link = fields.ConsumeBool(), fields.ConsumeIntInRange(0, 63)
-        check_sxid_round_trip(switch, code, fatal, link, printable(fields))
+        severity = fields.PickValueInList(["fatal", "non_fatal", "correctable"])
+        link = fields.ConsumeIntInRange(0, 63)
+        check_sxid_round_trip(switch, code, severity, link, printable(fields))
 
 
 def xid_fields(
@@ -99,8 +106,9 @@ def real_lines() -> list[str]:
     from tests.xid.test_parser import LINES  # the variations in reference/xid.md
 
     lines += [line for line, *_ in LINES]
-    lines += [sxid_message(3, 12028, False, 32, "egress non-posted PRIV error")]
-    lines += [sxid_message(0, 24007, True, 5, "sourcetrack timeout")]
+    lines += [sxid_message(3, 12028, "non_fatal", 32, "egress non-posted PRIV error")]
+    lines += [sxid_message(0, 24007, "fatal", 5, "sourcetrack timeout")]
+    lines += sxid_details(0, 24007, "fatal", 5)
     lines += [
         "NVRM: The NVIDIA GPU 0000:18:00.0",
         "NVRM: GPU 0000:18:00.0: GPU has fallen off the bus.",

@@ -3,7 +3,7 @@ hypothesis tests and the coverage-guided harness (fuzz/kmsg_parser.py)."""
 
 from __future__ import annotations
 
-from gpu_exporter.simulator.kmsg import sxid_message, xid_message
+from gpu_exporter.simulator.kmsg import sxid_details, sxid_message, xid_message
 from gpu_exporter.xid.parser import (
     FallenOffBusTracker,
     KmsgRecord,
@@ -98,14 +98,20 @@ def check_xid_round_trip(
     assert parsed.text == text, f"text of {message!r}"
 
 
-def check_sxid_round_trip(switch: int, code: int, fatal: bool, link: int, text: str) -> None:
-    """An SXid line as the simulator writes it (the nvswitch driver's format) parses back."""
-    message = sxid_message(switch, code, fatal, link, text)
+def check_sxid_round_trip(switch: int, code: int, severity: str, link: int, text: str) -> None:
+    """An SXid report as the simulator writes it (the nvswitch driver's format) parses back to
+    its fields, and the detail lines after it parse as details of the same code."""
+    message = sxid_message(switch, code, severity, link, text)
     parsed = parse_sxid(message)
     assert parsed is not None, message
     assert (parsed.switch, parsed.sxid) == (str(switch), code), message
     assert parsed.bus_id == f"0000:{0x05 + switch:02x}:00.0", message
-    assert parsed.severity == ("fatal" if fatal else "non_fatal"), message
-    assert parsed.text == f"Link {link} {text}".strip(), message
+    assert parsed.severity == severity, message
+    assert parsed.text == f"Link {link:02d} {text}".strip(), message
+    assert not parsed.detail, f"a report taken for a detail line: {message}"
+    for line in sxid_details(switch, code, severity, link):
+        detail = parse_sxid(line)
+        assert detail is not None, line
+        assert (detail.detail, detail.sxid) == (True, code), line
     if "Xid" not in text:  # free text may quote anything, an Xid line included
         assert parse_xid(message) is None, f"an SXid taken for a GPU Xid: {message}"

@@ -109,17 +109,17 @@ def test_an_xid_line_parses_back_to_its_fields(
 @given(
     switch=st.integers(0, 15),
     code=st.integers(1, 99_999),
-    fatal=st.booleans(),
+    severity=st.sampled_from(["fatal", "non_fatal", "correctable"]),
     link=st.integers(0, 63),
     text=xid_texts,
 )
-@example(switch=3, code=12028, fatal=False, link=32, text="egress non-posted PRIV error")
-@example(switch=0, code=1, fatal=True, link=0, text="Fatal, Link 9 not the severity")
-@example(switch=10, code=44244, fatal=True, link=34, text="3;NVRM: Xid (PCI:0000:07:04): 79, x")
+@example(switch=3, code=12028, severity="non_fatal", link=32, text="egress non-posted PRIV error")
+@example(switch=0, code=1, severity="fatal", link=0, text="Fatal, Link 9 not the severity")
+@example(switch=10, code=44244, severity="fatal", link=34, text="3;NVRM: Xid (PCI:0000:07:04): 79")
 def test_an_sxid_line_parses_back_to_its_fields(
-    switch: int, code: int, fatal: bool, link: int, text: str
+    switch: int, code: int, severity: str, link: int, text: str
 ) -> None:
-    check_sxid_round_trip(switch, code, fatal, link, text)
+    check_sxid_round_trip(switch, code, severity, link, text)
 
 
 @given(

@@ -49,8 +49,8 @@ async def test_post_an_sxid(
     response = await client.post("/-/simulator/events", json=event)
     assert response.status == 200
     assert await response.json() == {"applied": [{"t": 0.0, **event}]}
-    assert node.kmsg_lines[-1].endswith(
-        ";nvidia-nvswitch11: SXid (PCI:0000:10:00.0): 12028, Non-fatal, Link 7 PRIV error"
+    assert node.kmsg_lines[0].endswith(
+        ";nvidia-nvswitch11: SXid (PCI:0000:10:00.0): 12028, Non-fatal, Link 07 PRIV error"
     )
     response = await client.post("/-/simulator/events", json=[{"type": "sxid", "code": 1}])
     assert response.status == 400

@@ -87,9 +87,14 @@ def test_sxid_is_a_kernel_log_line_only(make_node: MakeNode) -> None:
     )
     with pytest.raises(pynvml.NVMLError_Timeout):
         pynvml.nvmlEventSetWait_v2(event_set, 0)
+    zeros = ", ".join(["0x00000000"] * 9)
     assert node.kmsg_lines == [
         "3,1200,100000000,-;nvidia-nvswitch3: SXid (PCI:0000:08:00.0): 12028, Non-fatal, "
-        "Link 32 egress non-posted PRIV error"
+        "Link 32 egress non-posted PRIV error",
+        # What the driver adds for an error it records (nvswitch_record_error), same code.
+        "3,1201,100000000,-;nvidia-nvswitch3: SXid (PCI:0000:08:00.0): 12028, Severity 0 "
+        "Engine instance 32 Sub-engine instance 00",
+        f"3,1202,100000000,-;nvidia-nvswitch3: SXid (PCI:0000:08:00.0): 12028, Data {{{zeros}}}",
     ]
 
 
@@ -103,17 +108,26 @@ def test_fatal_sxid_from_the_timeline(make_node: MakeNode, clock: FakeClock) -> 
     clock.advance(59)
     assert node.kmsg_lines == []
     clock.advance(1)
-    assert node.kmsg_lines == [
+    assert node.kmsg_lines[0] == (
         "3,1200,160000000,-;nvidia-nvswitch2: SXid (PCI:0000:07:00.0): 24007, Fatal, "
-        "Link 5 sourcetrack timeout error"
-    ]
+        "Link 05 sourcetrack timeout error"
+    )
+    assert "24007, Severity 1 Engine instance 05" in node.kmsg_lines[1], "1 is fatal"
+
+
+def test_sxid_codes_are_printed_with_five_digits_and_correctable_is_a_severity(
+    make_node: MakeNode,
+) -> None:
+    node = make_node(NODE)
+    node.inject({"type": "sxid", "switch": 1, "code": 1004, "severity": "correctable"})
+    assert "SXid (PCI:0000:06:00.0): 01004, Correctable, Link 00 error" in node.kmsg_lines[0]
 
 
 def test_sxid_defaults(make_node: MakeNode) -> None:
     node = make_node(NODE)
     node.inject({"type": "sxid", "switch": 0, "code": 20034})
-    assert node.kmsg_lines[-1].endswith(
-        ";nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 20034, Non-fatal, Link 0 error"
+    assert node.kmsg_lines[0].endswith(
+        ";nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 20034, Non-fatal, Link 00 error"
     )
     assert node.applied[-1] == {"t": 0.0, "type": "sxid", "switch": 0, "code": 20034}
 
@@ -126,8 +140,8 @@ def test_sxid_defaults(make_node: MakeNode) -> None:
 def test_sxid_names_the_switch_pci_address(make_node: MakeNode, switch: int, bus: str) -> None:
     node = make_node(NODE)
     node.inject({"type": "sxid", "switch": switch, "code": 11004, "severity": "fatal"})
-    expected = f";nvidia-nvswitch{switch}: SXid (PCI:{bus}): 11004, Fatal, Link 0 error"
-    assert node.kmsg_lines[-1].endswith(expected)
+    expected = f";nvidia-nvswitch{switch}: SXid (PCI:{bus}): 11004, Fatal, Link 00 error"
+    assert node.kmsg_lines[0].endswith(expected)
 
 
 def test_wait_is_woken_from_another_thread(make_node: MakeNode) -> None:

@@ -215,7 +215,8 @@ def test_a_complete_scenario(tmp_path: pathlib.Path) -> None:
         (
             "gpus: [H100-SXM-80GB]\n"
             "timeline: [{at: 1m, type: sxid, switch: 0, code: 1, severity: bad}]",
-            "bad.yaml: timeline[0].severity: expected one of fatal, non_fatal; got 'bad'",
+            "bad.yaml: timeline[0].severity: expected one of correctable, fatal, non_fatal; "
+            "got 'bad'",
         ),
         (
             "gpus: [H100-SXM-80GB]\ntimeline: [{at: 1m, type: sxid, switch: 0, code: 1, link: 64}]",
@@ -245,7 +246,7 @@ def test_injected_events_are_validated_too() -> None:
         node.inject({"type": "gpu_lost", "gpu": 0, "at": "1m"})
     with pytest.raises(ScenarioError, match=r"^<inject>: gpu: gpu index 5 out of range"):
         node.inject({"type": "xid", "gpu": 5, "code": 13})
-    with pytest.raises(ScenarioError, match=r"^<inject>: severity: expected one of fatal, "):
+    with pytest.raises(ScenarioError, match=r"^<inject>: severity: expected one of correctable, "):
         node.inject({"type": "sxid", "switch": 0, "code": 1, "severity": "FATAL"})
     with pytest.raises(ScenarioError, match=r"^<inject>: port: unknown key"):
         node.inject({"type": "sxid", "switch": 0, "code": 1, "port": 3})

@@ -286,6 +286,14 @@ SXID_LINES = [
         "non_fatal",
         "LTSSM Fault Up",
     ),
+    (  # the driver prints the code %05d; correctable is a severity of its own
+        "nvidia-nvswitch1: SXid (PCI:0000:06:00.0): 01004, Correctable, Link 07 CRC error",
+        1004,
+        "1",
+        "0000:06:00.0",
+        "correctable",
+        "Link 07 CRC error",
+    ),
     (  # no device prefix, no severity
         "SXid (PCI:0000:07:00.0): 11004, Link 1",
         11004,
@@ -311,6 +319,20 @@ def test_sxid_lines(line: str, sxid: int, switch: str, bus: str, severity: str, 
         text,
     )
     assert parse_xid(line) is None, "an SXid is not a GPU Xid"
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "nvidia-nvswitch3: SXid (PCI:0000:05:00.0): 24007, Severity 1 Engine instance 05 "
+        "Sub-engine instance 00",
+        "nvidia-nvswitch3: SXid (PCI:0000:05:00.0): 24007, Data {0x00000000, 0x00000002}",
+    ],
+)
+def test_the_lines_after_an_sxid_report_are_its_details(line: str) -> None:
+    parsed = parse_sxid(line)
+    assert parsed is not None, line
+    assert (parsed.detail, parsed.sxid) == (True, 24007), "a detail is not a new SXid"
 
 
 @pytest.mark.parametrize(

@@ -104,8 +104,14 @@ async def test_restart_counts_what_happened_while_down_and_nothing_twice(
         await second.stop()
 
 
-SXID_FATAL = "nvidia-nvswitch3: SXid (PCI:0000:08:00.0): 24007, Fatal, Link 5 sourcetrack timeout"
+SXID_FATAL = "nvidia-nvswitch3: SXid (PCI:0000:08:00.0): 24007, Fatal, Link 05 sourcetrack timeout"
 SXID_NON_FATAL = "nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 12028, Non-fatal, Link 32 PRIV error"
+# What the driver prints after each recorded error, under the same code: details, not new SXids.
+SXID_FATAL_DETAILS = [
+    "nvidia-nvswitch3: SXid (PCI:0000:08:00.0): 24007, Severity 1 Engine instance 05 "
+    "Sub-engine instance 00",
+    "nvidia-nvswitch3: SXid (PCI:0000:08:00.0): 24007, Data {0x00000000, 0x00000001}",
+]
 
 
 def sxids(subsystem: XidSubsystem, **labels: str) -> float | None:
@@ -124,14 +130,20 @@ async def test_nvswitch_sxids_are_counted_once_across_restarts(
     assert sxids(first, pci_bus_id="0000:05:00.0", sxid="12028", severity="non_fatal") == 2
     await first.stop()
 
-    kmsg.write(SXID_FATAL)  # while the exporter is down
+    for line in [SXID_FATAL, *SXID_FATAL_DETAILS]:  # while the exporter is down
+        kmsg.write(line)
     second = make_subsystem()
     await second.start()
     try:
         await wait_until(lambda: sxids(second, switch="3") == 1)
-        kmsg.write(SXID_FATAL)
+        for line in [SXID_FATAL, *SXID_FATAL_DETAILS]:
+            kmsg.write(line)
         await wait_until(lambda: sxids(second, switch="3") == 2)
-        assert sxids(second, switch="3", sxid="24007", severity="fatal") == 2
+        await caught_up(second)
+        assert sxids(second, switch="3", sxid="24007", severity="fatal") == 2, (
+            "the Severity and Data lines after a report are part of it, not new SXids"
+        )
+        assert value(second, "gpu_exporter_xid_unparsed_lines_total") == 0
         assert sxids(second, switch="0") == 2, "a restart must not count the replay again"
         assert xid_count(second) == 1
         assert value(second, "gpu_xid_class_errors_total", gpu="0", **{"class": "hardware"}) == 0, (

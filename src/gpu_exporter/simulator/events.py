@@ -12,6 +12,7 @@ from typing import Any
 
 from gpu_exporter.simulator import schema as s
 from gpu_exporter.simulator.errors import Invalid
+from gpu_exporter.simulator.kmsg import SXID_SEVERITY_WORDS
 from gpu_exporter.simulator.scenario import (
     ALLOCATION_KEYS,
     KMSG_ONLY_XIDS,
@@ -93,7 +94,7 @@ def _sxid(body: Mapping[str, Any], path: str, gpus: Sequence[GpuSpec]) -> Params
         "switch": s.integer(body["switch"], s.key(path, "switch"), 0, 15),
         "code": s.integer(body["code"], s.key(path, "code"), 1, 99999),
         "severity": s.choice(
-            body.get("severity", "non_fatal"), s.key(path, "severity"), {"fatal", "non_fatal"}
+            body.get("severity", "non_fatal"), s.key(path, "severity"), SXID_SEVERITY_WORDS
         ),
         "link": s.integer(body.get("link", 0), s.key(path, "link"), 0, 63),
         "message": s.text(body.get("message", "error"), s.key(path, "message")),

@@ -51,11 +51,31 @@ def xid_message(
 SWITCH_BUS = 0x05
 
 
-def sxid_message(switch: int, code: int, fatal: bool, link: int, text: str) -> str:
+# The word the nvswitch driver prints for each severity (error_nvswitch.h's REPORT macros).
+SXID_SEVERITY_WORDS = {"fatal": "Fatal", "non_fatal": "Non-fatal", "correctable": "Correctable"}
+
+
+def sxid_message(switch: int, code: int, severity: str, link: int, text: str) -> str:
     """``nvidia-nvswitch3: SXid (PCI:0000:08:00.0): 12028, Non-fatal, Link 32 <text>``."""
-    severity = "Fatal" if fatal else "Non-fatal"
+    word = SXID_SEVERITY_WORDS[severity]
+    return f"{_sxid_prefix(switch, code)}{word}, Link {link:02d} {text}"
+
+
+def sxid_details(switch: int, code: int, severity: str, link: int) -> list[str]:
+    """What the driver prints after the report of an error it records (nvswitch_record_error):
+    the same code, then the severity (1 fatal, 0 otherwise), the link and the raw data."""
+    level = 1 if severity == "fatal" else 0
+    data = ", ".join(["0x00000000"] * 9)
+    return [
+        f"{_sxid_prefix(switch, code)}Severity {level} Engine instance {link:02d} "
+        "Sub-engine instance 00",
+        f"{_sxid_prefix(switch, code)}Data {{{data}}}",
+    ]
+
+
+def _sxid_prefix(switch: int, code: int) -> str:
     bus = f"0000:{SWITCH_BUS + switch:02x}:00.0"
-    return f"nvidia-nvswitch{switch}: SXid (PCI:{bus}): {code}, {severity}, Link {link} {text}"
+    return f"nvidia-nvswitch{switch}: SXid (PCI:{bus}): {code:05d}, "
 
 
 class KmsgLog:

@@ -19,6 +19,7 @@ from gpu_exporter.simulator.kmsg import (
     PROCESS_XIDS,
     XID_TEXT,
     KmsgLog,
+    sxid_details,
     sxid_message,
     xid_message,
 )
@@ -308,9 +309,11 @@ class SimulatedNode:
         return xid_message(gpu.bus, p["code"], pid, name, text, gi)
 
     def _on_sxid(self, p: Mapping[str, Any], t: float) -> None:
-        fatal = p["severity"] == "fatal"
-        line = sxid_message(p["switch"], p["code"], fatal, p["link"], p["message"])
-        self.kmsg.emit(line, t)
+        """The report line, then the detail lines the driver adds for a recorded error."""
+        switch, code, severity, link = p["switch"], p["code"], p["severity"], p["link"]
+        self.kmsg.emit(sxid_message(switch, code, severity, link, p["message"]), t)
+        for line in sxid_details(switch, code, severity, link):
+            self.kmsg.emit(line, t)
 
     def _deliver(self, gpu: GpuDevice, event: QueuedEvent) -> None:
         for event_set in list(self.event_sets.values()):

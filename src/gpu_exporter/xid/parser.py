@@ -52,14 +52,20 @@ _FALLEN_ONE_LINE = re.compile(
     r"(?:\.[0-7])?):?\s+GPU has fallen off the bus",
     re.IGNORECASE,
 )
-# NVSwitch: `nvidia-nvswitch3: SXid (PCI:0000:05:00.0): 12028, Non-fatal, Link 32 ...`.
+# NVSwitch: `nvidia-nvswitch3: SXid (PCI:0000:05:00.0): 12028, Non-fatal, Link 32 ...` (the
+# driver's NVSWITCH_PRINT_SXID: the code is printed `%05d`).
 _SXID = re.compile(
     r"(?:nvidia-nvswitch(?P<switch>\d{1,3})\s*:\s*)?SXid\s*\(\s*(?:PCI:)?"
     r"(?P<bus>(?:[0-9a-fA-F]{1,8}:)?[0-9a-fA-F]{1,2}:[0-9a-fA-F]{1,2}(?:\.[0-7])?)\s*\)\s*:\s*"
     r"(?P<code>\d{1,5})\b(?P<rest>.*)$",
     re.DOTALL,
 )
-_SXID_SEVERITY = re.compile(r"^\s*,\s*(?P<severity>Fatal|Non-?fatal)\b", re.IGNORECASE)
+_SXID_SEVERITY = re.compile(r"^\s*,\s*(?P<severity>Fatal|Non-?fatal|Correctable)\b", re.IGNORECASE)
+# What the driver prints after a recorded error, under the same code: part of that report.
+_SXID_DETAIL = re.compile(
+    r"^\s*,\s*(?:Severity\s+\d+\s+Engine\s+instance|Data\s*\{)", re.IGNORECASE
+)
+_SXID_SEVERITIES = {"fatal": "fatal", "correctable": "correctable"}
 _BUS = re.compile(
     r"^\s*(?:PCI:)?(?:(?P<domain>[0-9a-fA-F]{1,8}):)?(?P<bus>[0-9a-fA-F]{1,2}):"
     r"(?P<device>[0-9a-fA-F]{1,2})(?:\.[0-7])?\s*$"
@@ -101,8 +107,11 @@ class SxidLine:
     sxid: int
     bus_id: str  # the switch's normalised DDDD:BB:DD.F (see normalize_function_bus_id)
     switch: str  # the nvswitch instance number, "" when the line does not name it
-    severity: str  # "fatal", "non_fatal", or "unknown" when the line does not say
+    severity: str  # "fatal", "non_fatal", "correctable", or "unknown" when the line does not say
     text: str = ""
+    # A "Severity N Engine instance ..." or "Data {...}" line: the driver prints these after an
+    # error it records, with the same code; they belong to the report before them.
+    detail: bool = False
 
 
 def unescape(data: bytes) -> str:
@@ -244,11 +253,12 @@ def parse_sxid(message: str) -> SxidLine | None:
     if bus is None or not 0 < code <= MAX_XID:
         return None
     rest = match.group("rest")
+    detail = _SXID_DETAIL.match(rest) is not None
     severity = _SXID_SEVERITY.match(rest)
     if severity is None:
         level = "unknown"
     else:
-        level = "fatal" if severity.group("severity").lower() == "fatal" else "non_fatal"
+        level = _SXID_SEVERITIES.get(severity.group("severity").lower(), "non_fatal")
         rest = rest[severity.end() :]
     switch = match.group("switch")
     return SxidLine(
@@ -257,6 +267,7 @@ def parse_sxid(message: str) -> SxidLine | None:
         switch=str(int(switch)) if switch is not None else "",
         severity=level,
         text=rest.strip().removeprefix(",").strip(),
+        detail=detail,
     )
 
 

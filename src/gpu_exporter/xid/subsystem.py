@@ -95,7 +95,7 @@ UNPARSED = counter(
 SXID_ERRORS = counter(
     "gpu_nvswitch_sxid_errors_total",
     "NVSwitch SXid errors from the kernel log, by switch instance, the switch's PCI address, "
-    "code and severity (fatal|non_fatal|unknown).",
+    "code and severity (fatal|non_fatal|correctable|unknown).",
 )
 FAMILIES: tuple[Family, ...] = (
     XID_ERRORS,
@@ -463,6 +463,8 @@ class XidSubsystem:
                 )
                 observations.append(observation)
             elif (sxid := parse_sxid(message)) is not None:
+                if sxid.detail:
+                    continue  # the "Severity ..." / "Data {...}" lines of the report before
                 when = self._event_time(record, batch)
                 mark = self._mark(batch, index, record)
                 observations.append(SxidObservation(sxid, when, message, position, mark))
