@@ -21,6 +21,7 @@ from .nvml import WorkerPool
 from .sampler import Sampler
 from .server import make_web_app, server_settings
 from .webguard import RequestGuard
+from .webreload import WebConfigReloader
 from .xid import XidSubsystem
 
 if TYPE_CHECKING:  # imported when built: grpc costs ~17 MB RSS, not paid with --no-allocation
@@ -43,6 +44,7 @@ class Exporter:
     simulation: Any = None  # a SimulatedNode under --simulate
     kubelet: Any = None  # its SimulatedKubelet (pod-resources server, proc and pod-log trees)
     runner: web.AppRunner | None = None
+    web_config: WebConfigReloader | None = None  # with --web.config.file
 
     @property
     def port(self) -> int:
@@ -59,10 +61,14 @@ class Exporter:
             await self.allocation.start()
         await self.xid.start()
         self.runner = await start_web_server(self.web_app, self.config)
+        if self.web_config is not None:
+            self.web_config.start()
 
     async def stop(self) -> None:
         """Stop every part, in order, even when one of them fails to stop cleanly."""
         steps: list[tuple[str, Callable[[], Awaitable[None]]]] = []
+        if self.web_config is not None:
+            steps.append(("web config reloads", self.web_config.stop))
         if self.runner is not None:
             steps.append(("http", self.runner.cleanup))
         steps.append(("xid", self.xid.stop))  # frees its NVML event set before nvmlShutdown
@@ -129,11 +135,17 @@ def build_exporter(config: Config) -> Exporter:
         config.web, max_requests=config.web_max_requests, auth_health=config.web_auth_health
     )
     sampler.add_source(guard)
+    web_config = None
+    if config.web is not None:
+        web_config = WebConfigReloader(config.web, guard.apply)
+        sampler.add_source(web_config)
     if config.web_enable_admin_api:
         checked = bool(config.web and config.web.auth_required)
         extra_routes = [*extra_routes, *admin_routes(xid, credentials_checked=checked)]
     web_app = make_web_app(sampler, extra_routes, guard)
-    return Exporter(config, pool, sampler, web_app, xid, allocation, simulation, kubelet)
+    return Exporter(
+        config, pool, sampler, web_app, xid, allocation, simulation, kubelet, web_config=web_config
+    )
 
 
 def _pool_size() -> int:

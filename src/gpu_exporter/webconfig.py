@@ -97,11 +97,15 @@ class _Invalid(Exception):
 
 @dataclass(frozen=True)
 class TlsSettings:
-    """The server side of TLS, built once at start. ``client_auth`` is the configured type."""
+    """The server side of TLS. ``client_auth`` is the configured type. ``fixed`` holds what a
+    running listener cannot change (the protocol versions, cipher suites and whether client
+    certificates are asked for are set when a connection starts; only the certificate, key and
+    client CAs follow a newer context): a reload that changes it needs a restart."""
 
     context: ssl.SSLContext = field(compare=False, repr=False)
     client_auth: str
     client_allowed_sans: frozenset[str]
+    fixed: tuple[Any, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -119,6 +123,8 @@ class WebConfig:
     users: tuple[tuple[str, bytes], ...] = ()  # user -> bcrypt hash
     headers: tuple[tuple[str, str], ...] = ()
     rate_limit: RateLimit | None = None
+    # The files it was built from (itself, certificate, key, client CAs): what a reload watches.
+    files: tuple[Path, ...] = ()
 
     @property
     def auth_required(self) -> bool:
@@ -155,13 +161,23 @@ def _parse(document: Any, source: Path) -> WebConfig:
         root.get("http_server_config") or {}, "http_server_config", ("http2", "headers")
     )
     _optional_bool(http, "http2", "http_server_config")  # accepted; aiohttp speaks HTTP/1.1 only
+    tls = _tls(root.get("tls_server_config") or {}, source.parent)
     return WebConfig(
         source=source,
-        tls=_tls(root.get("tls_server_config") or {}, source.parent),
+        tls=tls,
         users=_users(root.get("basic_auth_users") or {}),
         headers=_headers(http.get("headers") or {}),
         rate_limit=_rate_limit(root.get("rate_limit") or {}),
+        files=(source, *_tls_files(root.get("tls_server_config"), source.parent)),
     )
+
+
+def _tls_files(section: Any, base: Path) -> list[Path]:
+    """The certificate, key and client CA files a valid TLS section names."""
+    if not isinstance(section, Mapping):
+        return []
+    names = (section.get(key) for key in ("cert_file", "key_file", "client_ca_file"))
+    return [base / name for name in names if isinstance(name, str) and name]
 
 
 # -- TLS ---------------------------------------------------------------------------------------
@@ -197,7 +213,14 @@ def _tls(section: Any, base: Path) -> TlsSettings | None:
             "not supported: Python's ssl module cannot set a curve preference list; "
             "remove it to use OpenSSL's defaults",
         )
-    return TlsSettings(context, client_auth or "NoClientCert", frozenset(sans))
+    fixed = (
+        strings["min_version"],
+        strings["max_version"],
+        client_auth,
+        tuple(_string_list(tls, "cipher_suites")),
+        tls.get("prefer_server_cipher_suites", True),
+    )
+    return TlsSettings(context, client_auth or "NoClientCert", frozenset(sans), fixed)
 
 
 def _set_versions(context: ssl.SSLContext, minimum: str, maximum: str) -> None:

@@ -168,16 +168,31 @@ class RequestGuard:
     ) -> None:
         self._max_requests = max_requests
         self._auth_health = auth_health
+        self._clock = clock
         self._in_flight = 0
         self._rejected = dict.fromkeys(REASONS, 0)
         self._labels = {reason: label_string({"reason": reason}) for reason in REASONS}
+        self._web_config: WebConfig | None = None
+        self._passwords: PasswordCheck | None = None
+        self._bucket: TokenBucket | None = None
+        self._allowed_sans: frozenset[str] = frozenset()
+        self._headers: Mapping[str, str] = {}
+        self.apply(web_config)
+
+    def apply(self, web_config: WebConfig | None) -> None:
+        """Take a (reloaded) web config's users, rate limit, allowed SANs and headers; what did
+        not change keeps its state (verified passwords, the token bucket's tokens)."""
+        old = self._web_config
+        self._web_config = web_config
         users = web_config.users if web_config else ()
-        self._passwords = PasswordCheck(users) if users else None
+        if old is None or users != old.users:
+            self._passwords = PasswordCheck(users) if users else None
         limit = web_config.rate_limit if web_config else None
-        self._bucket = TokenBucket(limit, clock) if limit else None
+        if old is None or limit != old.rate_limit:
+            self._bucket = TokenBucket(limit, self._clock) if limit else None
         tls = web_config.tls if web_config else None
         self._allowed_sans = _normalised_sans(tls.client_allowed_sans) if tls else frozenset()
-        self._headers: Mapping[str, str] = dict(web_config.headers) if web_config else {}
+        self._headers = dict(web_config.headers) if web_config else {}
 
     @property
     def rejected(self) -> Mapping[str, int]:
@@ -189,8 +204,7 @@ class RequestGuard:
 
     def install(self, app: web.Application) -> None:
         app.middlewares.append(self._middleware)
-        if self._headers:
-            app.on_response_prepare.append(self._add_headers)
+        app.on_response_prepare.append(self._add_headers)
 
     @web.middleware
     async def _middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -244,7 +258,8 @@ class RequestGuard:
         return web.Response(status=status, text=f"{status.phrase}\n")
 
     async def _add_headers(self, request: web.Request, response: web.StreamResponse) -> None:
-        response.headers.update(self._headers)
+        if self._headers:
+            response.headers.update(self._headers)
 
 
 def _normalised_sans(sans: Iterable[str]) -> frozenset[str]:

@@ -1,0 +1,206 @@
+"""The web config follows its files while the exporter runs, as node_exporter's does: a rotated
+certificate reaches new connections and a changed password applies, without a restart; a broken
+file, or a change only a restart can make, leaves the config in force alone and says so."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import ssl
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import trustme
+
+from gpu_exporter.app import Exporter
+from gpu_exporter.config import SimulatorConfig
+from gpu_exporter.webconfig import load_web_config
+from gpu_exporter.webreload import WebConfigReloader
+from tests.helpers import make_config, one, parse_exposition, running_exporter
+from tests.web_helpers import PASSWORD, USER, Pki, bcrypt_hash
+
+NEW_PASSWORD = "rotated-s3cret"
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """As the kubelet updates a Secret volume: a new file swapped in, never a partial one."""
+    staged = path.with_name(f".{path.name}.new")
+    staged.write_bytes(data)
+    os.replace(staged, path)
+
+
+def web_yml(password: str, tls: bool = True) -> bytes:
+    section = "tls_server_config: {cert_file: server.crt, key_file: server.key}\n" if tls else ""
+    return f"{section}basic_auth_users:\n  {USER}: {bcrypt_hash(password)}\n".encode()
+
+
+def auth(password: str) -> dict[str, str]:
+    return {"Authorization": aiohttp.encode_basic_auth(USER, password)}
+
+
+@pytest.fixture
+def pki(tmp_path: Path) -> Pki:
+    pki = Pki.create(tmp_path)
+    write_atomically(tmp_path / "web.yml", web_yml(PASSWORD))
+    return pki
+
+
+def exporter_config(pki: Pki) -> Any:
+    path = pki.directory / "web.yml"
+    return make_config(
+        simulator=SimulatorConfig(),
+        fast_interval=0.2,
+        slow_interval=1.0,
+        web_config_file=path,
+        web=load_web_config(path),
+    )
+
+
+def reloader_of(exporter: Exporter) -> WebConfigReloader:
+    assert exporter.web_config is not None, "a web config file must get a reloader"
+    return exporter.web_config
+
+
+async def served_certificate(exporter: Exporter, pki: Pki) -> bytes:
+    """The certificate a new TLS connection is given (DER)."""
+    _, writer = await asyncio.open_connection(
+        "127.0.0.1", exporter.port, ssl=pki.client_context(), server_hostname="127.0.0.1"
+    )
+    try:
+        certificate = writer.get_extra_info("ssl_object").getpeercert(binary_form=True)
+    finally:
+        writer.close()
+        await writer.wait_closed()
+    assert isinstance(certificate, bytes)
+    return certificate
+
+
+async def status(exporter: Exporter, pki: Pki, headers: dict[str, str]) -> int:
+    connector = aiohttp.TCPConnector(ssl=pki.client_context())
+    async with (
+        aiohttp.ClientSession(connector=connector) as session,
+        session.get(f"https://127.0.0.1:{exporter.port}/metrics", headers=headers) as response,
+    ):
+        await response.read()
+        return response.status
+
+
+async def reload_metrics(exporter: Exporter, pki: Pki) -> tuple[float, float, float]:
+    """(successful reloads, failed reloads, last reload successful) as scraped."""
+    await exporter.sampler.wait_for_render()
+    connector = aiohttp.TCPConnector(ssl=pki.client_context())
+    async with (
+        aiohttp.ClientSession(connector=connector) as session,
+        session.get(
+            f"https://127.0.0.1:{exporter.port}/metrics", headers=auth(NEW_PASSWORD)
+        ) as response,
+    ):
+        series = parse_exposition(await response.text())
+    return (
+        one(series, "gpu_exporter_web_config_reloads_total", result="success"),
+        one(series, "gpu_exporter_web_config_reloads_total", result="failure"),
+        one(series, "gpu_exporter_web_config_last_reload_successful"),
+    )
+
+
+async def test_a_rotated_certificate_reaches_new_connections_without_a_restart(pki: Pki) -> None:
+    async with running_exporter(exporter_config(pki)) as exporter:
+        before = await served_certificate(exporter, pki)
+        rotated = pki.ca.issue_cert("127.0.0.1", "localhost")
+        write_atomically(pki.directory / "server.key", rotated.private_key_pem.bytes())
+        write_atomically(pki.directory / "server.crt", rotated.cert_chain_pems[0].bytes())
+
+        assert reloader_of(exporter).reload_now(), "a changed certificate must be reloaded"
+        after = await served_certificate(exporter, pki)
+        assert after != before, "new connections must get the rotated certificate"
+        assert after == ssl.PEM_cert_to_DER_cert(rotated.cert_chain_pems[0].bytes().decode())
+        assert not reloader_of(exporter).reload_now(), "nothing changed since: nothing to do"
+
+
+async def test_a_changed_password_applies_and_a_broken_file_changes_nothing(pki: Pki) -> None:
+    web = pki.directory / "web.yml"
+    async with running_exporter(exporter_config(pki)) as exporter:
+        reloader = reloader_of(exporter)
+        write_atomically(web, web_yml(NEW_PASSWORD))
+        assert reloader.reload_now()
+        assert await status(exporter, pki, auth(PASSWORD)) == 401, "the old password is gone"
+        assert await status(exporter, pki, auth(NEW_PASSWORD)) == 200
+
+        write_atomically(web, b"basic_auth_users: [not, a, mapping\n")
+        assert not reloader.reload_now(), "a broken file must not replace a working config"
+        assert await status(exporter, pki, auth(NEW_PASSWORD)) == 200
+        assert await reload_metrics(exporter, pki) == (1, 1, 0)
+
+        write_atomically(web, web_yml(NEW_PASSWORD))
+        assert reloader.reload_now(), "a fixed file is taken again"
+        assert await reload_metrics(exporter, pki) == (2, 1, 1)
+
+
+async def test_turning_tls_off_waits_for_a_restart(pki: Pki) -> None:
+    async with running_exporter(exporter_config(pki)) as exporter:
+        write_atomically(pki.directory / "web.yml", web_yml(PASSWORD, tls=False))
+        assert not reloader_of(exporter).reload_now(), "the listener cannot drop TLS while open"
+        assert await status(exporter, pki, auth(PASSWORD)) == 200, "still TLS, still the config"
+
+
+async def test_the_reloader_notices_a_change_by_itself(tmp_path: Path) -> None:
+    path = tmp_path / "web.yml"
+    write_atomically(path, web_yml(PASSWORD, tls=False))
+    initial = load_web_config(path)
+    applied = asyncio.Event()
+    reloader = WebConfigReloader(initial, lambda _config: applied.set(), interval=0.01)
+    reloader.start()
+    try:
+        write_atomically(path, web_yml(NEW_PASSWORD, tls=False))
+        await asyncio.wait_for(applied.wait(), timeout=10)
+        assert reloader.current.users != initial.users, "the new password hash is in force"
+    finally:
+        await reloader.stop()
+
+
+async def test_rotated_client_cas_decide_who_may_connect(tmp_path: Path) -> None:
+    server_ca, old_clients, new_clients = trustme.CA(), trustme.CA(), trustme.CA()
+    server = server_ca.issue_cert("127.0.0.1")
+    write_atomically(tmp_path / "server.crt", server.cert_chain_pems[0].bytes())
+    write_atomically(tmp_path / "server.key", server.private_key_pem.bytes())
+    write_atomically(tmp_path / "clients.crt", old_clients.cert_pem.bytes())
+    write_atomically(
+        tmp_path / "web.yml",
+        b"tls_server_config: {cert_file: server.crt, key_file: server.key,\n"
+        b"  client_ca_file: clients.crt, client_auth_type: RequireAndVerifyClientCert}\n",
+    )
+    initial = load_web_config(tmp_path / "web.yml")
+    reloader = WebConfigReloader(initial, lambda _config: None)
+    assert initial.tls is not None
+
+    async def greet(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"hello")
+        await writer.drain()
+        writer.close()
+
+    server_socket = await asyncio.start_server(greet, "127.0.0.1", 0, ssl=initial.tls.context)
+    port = server_socket.sockets[0].getsockname()[1]
+
+    async def admitted(clients: trustme.CA) -> bool:
+        context = ssl.create_default_context()
+        server_ca.configure_trust(context)
+        clients.issue_cert("scraper").configure_cert(context)
+        try:
+            reader, writer = await asyncio.open_connection(
+                "127.0.0.1", port, ssl=context, server_hostname="127.0.0.1"
+            )
+            greeting = await reader.read(5)
+            writer.close()
+        except (OSError, ssl.SSLError):
+            return False
+        return greeting == b"hello"  # TLS 1.3 reports a refused client certificate on read
+
+    async with server_socket:
+        assert (await admitted(old_clients), await admitted(new_clients)) == (True, False)
+        write_atomically(tmp_path / "clients.crt", new_clients.cert_pem.bytes())
+        assert reloader.reload_now()
+        assert (await admitted(old_clients), await admitted(new_clients)) == (False, True), (
+            "after a reload only certificates of the new client CA may connect"
+        )
