@@ -13,6 +13,7 @@ import json
 import os
 import platform
 import signal
+import ssl
 import subprocess
 import sys
 import threading
@@ -133,10 +134,14 @@ def proc_status_kib(pid: int, key: str) -> int:
 
 
 class Http:
-    """One keep-alive connection to 127.0.0.1:port."""
+    """One keep-alive connection to 127.0.0.1:port (over TLS with ``tls``)."""
 
-    def __init__(self, port: int) -> None:
-        self._conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    def __init__(self, port: int, tls: ssl.SSLContext | None = None) -> None:
+        self._conn: http.client.HTTPConnection = (
+            http.client.HTTPSConnection("127.0.0.1", port, timeout=10, context=tls)
+            if tls is not None
+            else http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        )
 
     def get(self, path: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
         return self.request("GET", path, headers=headers)
@@ -160,9 +165,9 @@ class Http:
         self._conn.close()
 
 
-def wait_ready(proc: Proc) -> float:
+def wait_ready(proc: Proc, tls: ssl.SSLContext | None = None) -> float:
     """Poll /readyz (every 5 ms) until 200; returns seconds since the process was started."""
-    client = Http(proc.port)
+    client = Http(proc.port, tls)
     deadline = time.monotonic() + STARTUP_LIMIT
     try:
         while time.monotonic() < deadline:

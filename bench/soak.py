@@ -10,6 +10,11 @@ plain/gzip and text/OpenMetrics) while it injects, through ``POST /-/simulator/e
 - pods allocated on free GPUs and released;
 - a GPU lost and, several seconds later, recovered, about every minute.
 
+With ``--tls`` the exporter serves HTTPS with basic auth from a web config (a throwaway CA), the
+scrapers and the injector connect over TLS with credentials, and every ``--rotate-every`` seconds
+the server certificate is replaced on disk: a fourth verdict checks that each new certificate
+reached new connections (the exporter follows its web config while running).
+
 Every ``--sample-every`` seconds it records the exporter's RSS, the scrapes, their latency and
 errors, and Xids injected versus counted. At the end it lets the exporter settle and checks three
 verdicts: every injected Xid counted exactly once per (gpu, xid), every SXid per (switch, sxid);
@@ -32,12 +37,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
+import contextlib
 import gzip
 import json
 import math
+import os
 import random
 import re
 import signal
+import ssl
 import statistics
 import sys
 import tempfile
@@ -100,6 +109,8 @@ class Params:
     loss_hold: tuple[float, float] = (5.0, 10.0)  # a lost GPU stays lost this long (min, max)
     loss_window_probe: bool = True  # an NVML-only Xid on a healthy GPU just after each loss
     settle_limit: float = 30.0  # at most this long for the counts to stop moving at the end
+    tls: bool = False  # HTTPS with basic auth, and certificate rotations
+    rotate_every: float = 60.0  # with tls: seconds between certificate rotations
 
 
 # --------------------------------------------------------------------------- pure pieces
@@ -220,20 +231,38 @@ class Answer:
     body: bytes
 
 
+@dataclass(frozen=True)
+class Endpoint:
+    """Where the exporter listens: plain HTTP, or TLS (``tls``) with basic auth."""
+
+    port: int
+    tls: ssl.SSLContext | None = None
+    authorization: str | None = None  # the Authorization header, with credentials
+
+    async def connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        if self.tls is None:
+            return await asyncio.open_connection("127.0.0.1", self.port)
+        return await asyncio.open_connection(
+            "127.0.0.1", self.port, ssl=self.tls, server_hostname="127.0.0.1"
+        )
+
+
 class Connection:
     """One keep-alive HTTP/1.1 connection on raw asyncio streams (Content-Length bodies only)."""
 
-    def __init__(self, port: int) -> None:
-        self.port = port
+    def __init__(self, endpoint: Endpoint) -> None:
+        self.endpoint = endpoint
         self._streams: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
 
     async def request(
         self, method: str, path: str, headers: Mapping[str, str] = {}, body: bytes = b""
     ) -> Answer:
         if self._streams is None:
-            self._streams = await asyncio.open_connection("127.0.0.1", self.port)
+            self._streams = await self.endpoint.connect()
         reader, writer = self._streams
-        lines = [f"{method} {path} HTTP/1.1", f"Host: 127.0.0.1:{self.port}"]
+        lines = [f"{method} {path} HTTP/1.1", f"Host: 127.0.0.1:{self.endpoint.port}"]
+        if self.endpoint.authorization is not None:
+            lines.append(f"Authorization: {self.endpoint.authorization}")
         lines += [f"{k}: {v}" for k, v in headers.items()]
         if body:
             lines.append(f"Content-Length: {len(body)}")
@@ -289,8 +318,8 @@ class Load:
             self.error_examples.append(f"{time.strftime('%H:%M:%S')} {kind}: {detail}")
 
 
-async def scraper(number: int, port: int, load: Load, stop: asyncio.Event) -> None:
-    connection = Connection(port)
+async def scraper(number: int, endpoint: Endpoint, load: Load, stop: asyncio.Event) -> None:
+    connection = Connection(endpoint)
     turn = number
     try:
         while not stop.is_set():
@@ -302,7 +331,12 @@ async def scraper(number: int, port: int, load: Load, stop: asyncio.Event) -> No
             started = time.perf_counter()
             try:
                 answer = await connection.request("GET", "/metrics", headers)
-            except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as exc:
+            except (
+                OSError,
+                ssl.SSLError,
+                asyncio.IncompleteReadError,
+                asyncio.LimitOverrunError,
+            ) as exc:
                 load.failed("connection", repr(exc))
                 await asyncio.sleep(0.1)
                 continue
@@ -343,10 +377,10 @@ class Injected:
 class Injector:
     """Seeded random events, posted in order on one control connection."""
 
-    def __init__(self, port: int, params: Params) -> None:
+    def __init__(self, endpoint: Endpoint, params: Params) -> None:
         self.params = params
         self.rng = random.Random(params.seed)
-        self.control = Connection(port)
+        self.control = Connection(endpoint)
         self.lock = asyncio.Lock()
         self.done = Injected()
         self.unavailable: set[int] = set()  # lost, or recovered but not yet seen back
@@ -522,6 +556,97 @@ class Injector:
         return None
 
 
+# --------------------------------------------------------------------------- TLS (--tls)
+
+USER, PASSWORD = "prometheus", "soak-password"
+_RELOAD_LINE = re.compile(r'^gpu_exporter_web_config_reloads_total\{result="(\w+)"\} (\S+)', re.M)
+
+
+class Pki:
+    """A throwaway CA, the exporter's web config (TLS and basic auth) and certificate rotations.
+
+    The files are laid out as the kubelet lays out a Secret volume: each name a symlink into
+    ``..data``, itself a symlink to a versioned directory that a rotation replaces in one
+    ``rename``, so the certificate and key always change together."""
+
+    def __init__(self, directory: Path) -> None:
+        import bcrypt  # dev dependencies, needed by --tls only
+        import trustme
+
+        self.directory = directory
+        self.ca = trustme.CA()
+        self.context = ssl.create_default_context()
+        self.ca.configure_trust(self.context)
+        hashed = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=10)).decode()
+        self._web_yml = (
+            "tls_server_config: {cert_file: server.crt, key_file: server.key}\n"
+            f"basic_auth_users:\n  {USER}: {hashed}\n"
+        )
+        self.version = 0
+        self.served = b""  # the DER of the newest certificate
+        self.rotations: list[dict[str, Any]] = []
+        directory.mkdir()
+        self._publish(self.ca.issue_cert("127.0.0.1"))
+        for name in ("web.yml", "server.crt", "server.key"):
+            (directory / name).symlink_to(Path("..data") / name)
+
+    @property
+    def web_config(self) -> Path:
+        return self.directory / "web.yml"
+
+    def endpoint(self, port: int) -> Endpoint:
+        token = base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
+        return Endpoint(port, self.context, f"Basic {token}")
+
+    def _publish(self, certificate: Any) -> None:
+        self.version += 1
+        version = self.directory / f"..v{self.version}"
+        version.mkdir()
+        (version / "web.yml").write_text(self._web_yml)
+        (version / "server.crt").write_bytes(certificate.cert_chain_pems[0].bytes())
+        (version / "server.key").write_bytes(certificate.private_key_pem.bytes())
+        staged = self.directory / "..data_tmp"
+        staged.symlink_to(version.name)
+        os.replace(staged, self.directory / "..data")
+        self.served = ssl.PEM_cert_to_DER_cert(certificate.cert_chain_pems[0].bytes().decode())
+
+    async def rotations_task(
+        self, endpoint: Endpoint, params: Params, stop: asyncio.Event, started: float
+    ) -> None:
+        while not await _sleep_or_stop(stop, params.rotate_every):
+            self._publish(self.ca.issue_cert("127.0.0.1"))
+            at = time.monotonic()
+            seen = await self._served_within(endpoint, limit=30.0)
+            seen_after = None if seen is None else round(seen, 2)
+            self.rotations.append({"at_s": round(at - started, 1), "seen_after_s": seen_after})
+
+    async def _served_within(self, endpoint: Endpoint, limit: float) -> float | None:
+        """Seconds until a new connection gets the newest certificate, None if not in ``limit``."""
+        started = time.monotonic()
+        while time.monotonic() - started < limit:
+            with contextlib.suppress(OSError, ssl.SSLError):
+                _, writer = await endpoint.connect()
+                der = writer.get_extra_info("ssl_object").getpeercert(binary_form=True)
+                writer.close()
+                if der == self.served:
+                    return time.monotonic() - started
+            await asyncio.sleep(0.25)
+        return None
+
+    def verdict(self, final_exposition: str) -> dict[str, Any]:
+        """Every rotation reached new connections, and the exporter took each without a
+        refused reload."""
+        reloads = {result: float(value) for result, value in _RELOAD_LINE.findall(final_exposition)}
+        missed = [r for r in self.rotations if r["seen_after_s"] is None]
+        return {
+            "ok": bool(self.rotations) and not missed and reloads.get("failure", 0.0) == 0,
+            "rotations": len(self.rotations),
+            "missed": missed,
+            "reloads": reloads,
+            "seen_after_s": [r["seen_after_s"] for r in self.rotations],
+        }
+
+
 async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> bool:
     """Sleep ``seconds``; True when ``stop`` was set meanwhile (or already)."""
     try:
@@ -595,24 +720,29 @@ async def settle(injector: Injector, limit: float) -> dict[tuple[str, str], floa
     return counted
 
 
-async def soak(proc: Proc, params: Params) -> dict[str, Any]:
+async def soak(proc: Proc, params: Params, pki: Pki | None = None) -> dict[str, Any]:
     started = time.monotonic()
     # SIGTERM (kill, a timeout) cancels the run, so main() still stops the exporter child.
     task = asyncio.current_task()
     assert task is not None
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
     load = Load()
-    injector = Injector(proc.port, params)
+    endpoint = pki.endpoint(proc.port) if pki is not None else Endpoint(proc.port)
+    injector = Injector(endpoint, params)
     series_at_start = series_by_metric(await injector.scrape())
     stop_load, stop_events = asyncio.Event(), asyncio.Event()
     scrapers = [
-        asyncio.create_task(scraper(n, proc.port, load, stop_load)) for n in range(params.scrapers)
+        asyncio.create_task(scraper(n, endpoint, load, stop_load)) for n in range(params.scrapers)
     ]
     events = [
         asyncio.create_task(injector.xids(stop_events)),
         asyncio.create_task(injector.allocations(stop_events)),
         asyncio.create_task(injector.losses(stop_events, started)),
     ]
+    if pki is not None:
+        events.append(
+            asyncio.create_task(pki.rotations_task(endpoint, params, stop_events, started))
+        )
     recorder = asyncio.create_task(sampler(proc, load, injector, params, started, stop_load))
     await asyncio.sleep(params.duration)
     stop_events.set()
@@ -650,6 +780,7 @@ async def soak(proc: Proc, params: Params) -> dict[str, Any]:
             "xids": xids,
             "errors": error_verdict(dict(load.errors), load.scrapes),
             "rss": rss_verdict(rss, warmup=params.warmup, tolerance_pct=params.rss_tolerance_pct),
+            **({"tls": pki.verdict(final)} if pki is not None else {}),
         },
     }
 
@@ -729,6 +860,15 @@ def verdict_lines(verdicts: Mapping[str, Mapping[str, Any]]) -> Iterable[str]:
             f"{r['first_mib']:.1f} MiB, of last 20% {r['last_mib']:.1f} MiB "
             f"({r['growth_pct']:+.1f}%, tolerance {r['tolerance_pct']:.0f}%)"
         )
+    if "tls" in verdicts:
+        t = verdicts["tls"]
+        seen = [s for s in t["seen_after_s"] if s is not None]
+        yield (
+            f"TLS:    {'PASS' if t['ok'] else 'FAIL'}  {t['rotations']} certificate rotations, "
+            f"{len(t['missed'])} not served within 30 s"
+            + (f", served after {min(seen):.1f}-{max(seen):.1f} s" if seen else "")
+            + f"; exporter reloads {t['reloads']}"
+        )
 
 
 def markdown(report: Mapping[str, Any]) -> str:
@@ -766,6 +906,17 @@ def parse_args(argv: list[str] | None) -> tuple[Params, argparse.Namespace]:
         help="after each GPU loss, an NVML-only Xid on a healthy GPU (default on); with --no-..., "
         "no NVML-only Xid in the 2.5 s after a loss",
     )
+    add(
+        "--tls",
+        action="store_true",
+        help="serve HTTPS with basic auth (a throwaway CA) and rotate the certificate",
+    )
+    add(
+        "--rotate-every",
+        type=float,
+        default=defaults.rotate_every,
+        help="with --tls: seconds between certificate rotations (60)",
+    )
     add("--out", type=Path, default=BENCH / "results" / "soak.json")
     add("--markdown", type=Path, metavar="SOAK.json", help="print a result as Markdown and exit")
     args = parser.parse_args(argv)
@@ -779,6 +930,8 @@ def parse_args(argv: list[str] | None) -> tuple[Params, argparse.Namespace]:
         xid_every=args.xid_every,
         loss_every=args.loss_every or min(defaults.loss_every, args.duration / 3),
         loss_window_probe=args.loss_window_probe,
+        tls=args.tls,
+        rotate_every=args.rotate_every,
     )
     return params, args
 
@@ -793,12 +946,14 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         (work / "state").mkdir()
         (work / "kmsg").touch()
-        command = [sys.executable, "-m", "gpu_exporter", *harness.exporter_args(SCENARIO, work)]
-        proc = start_exporter(command)
+        pki = Pki(work / "web") if params.tls else None
+        extra = [f"--web.config.file={pki.web_config}"] if pki is not None else []
+        args_ = harness.exporter_args(SCENARIO, work, extra)
+        proc = start_exporter([sys.executable, "-m", "gpu_exporter", *args_])
         try:
-            wait_ready(proc)
+            wait_ready(proc, pki.context if pki is not None else None)
             log(f"exporter pid {proc.pid} on port {proc.port}; {params.duration:.0f} s of soak")
-            report.update(asyncio.run(soak(proc, params)))
+            report.update(asyncio.run(soak(proc, params, pki)))
             report["exporter_peak_rss_mib"] = round(proc_status_kib(proc.pid, "VmHWM") / 1024, 2)
         except asyncio.CancelledError:
             log("stopped by SIGTERM; no verdicts")
