@@ -4,6 +4,7 @@ scenario or a one-line ScenarioError that names the file and a key path that exi
 from __future__ import annotations
 
 import copy
+import json
 import re
 from collections.abc import Mapping
 from importlib import resources
@@ -41,6 +42,7 @@ def load(call: Any, *args: Any) -> Scenario | ScenarioError:
         assert scenario.gpus, "a valid scenario has GPUs"
         return scenario
     assert "\n" not in str(error), f"not one line: {error}"
+    str(error).encode("utf-8")  # it is written to a log or an HTTP answer: must be text
     assert str(error).startswith(f"{SOURCE}: {error.path}: "), f"file and key path first: {error}"
     return error
 
@@ -90,7 +92,8 @@ def replace(data: Any, path: tuple[str | int, ...], value: Any) -> Any:
 
 
 _SCALARS = ["90s", "every 30s", "50%", "120%", "idle", "bursty", "H100-SXM-80GB", "1g.10gb",
-            "nvidia.com/gpu", "xid", "ecc", "71GiB", "-5s", "", " ", "GPU-x"]  # fmt: skip
+            "nvidia.com/gpu", "xid", "ecc", "71GiB", "-5s", "", " ", "GPU-x",
+            "lone \ud800 surrogate"]  # fmt: skip
 values = st.recursive(
     st.none()
     | st.booleans()
@@ -98,21 +101,26 @@ values = st.recursive(
     | st.floats()
     | st.text(max_size=8)
     | st.sampled_from(_SCALARS),
-    # Keys without dots: an error's key path joins keys with dots ("1g.10gb" would read as two).
+    # Odd keys too: an error's key path quotes them (["1g.10gb"]), so they cannot read as two.
     lambda inner: (
         st.lists(inner, max_size=3)
-        | st.dictionaries(st.sampled_from(["gpu", "mig", "type", "at", "pod", "model", "x"]), inner)
+        | st.dictionaries(
+            st.sampled_from(["gpu", "mig", "type", "at", "pod", "model", "x", "1g.10gb", "a b"]),
+            inner,
+        )
     ),
     max_leaves=6,
 )
 
 
 def segments(key_path: str) -> list[str | int]:
-    """``timeline[3].params.gpu`` -> ``["timeline", 3, "params", "gpu"]``."""
-    return [
-        int(index) if index else name
-        for name, index in re.findall(r"([^.\[\]]+)|\[(\d+)\]", key_path)
-    ]
+    """``timeline[3].params["a.b"]`` -> ``["timeline", 3, "params", "a.b"]``."""
+    found: list[str | int] = []
+    for name, index, quoted in re.findall(
+        r'([^.\[\]"]+)|\[(\d+)\]|\[("(?:[^"\\]|\\.)*")\]', key_path
+    ):
+        found.append(int(index) if index else json.loads(quoted) if quoted else name)
+    return found
 
 
 def assert_path_exists(data: Any, key_path: str) -> None:

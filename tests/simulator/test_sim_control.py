@@ -97,3 +97,33 @@ async def test_get_scenario_summarises_the_state(
     assert gpu0["ecc"]["aggregate"]["corrected"] == 2
     assert gpu0["workloads"][0]["pod"] == "web"
     assert summary["recent_events"][-1]["type"] == "ecc"
+
+
+@pytest.mark.parametrize(
+    ("body", "answer"),
+    [
+        (  # JSON can spell a lone UTF-16 surrogate; no kernel text can hold one
+            '{"type": "xid", "gpu": 0, "code": 13, "message": "bad \\ud800 text"}',
+            "<request>: message: 'bad \\ud800 text' is not valid Unicode text (a lone surrogate)\n",
+        ),
+        (
+            '{"type": "xid", "gpu": 0, "code": 13, "\\ud800": 1}',
+            '<request>: ["\\ud800"]: unknown key (allowed: code, delivery, gpu, message, mig, '
+            "pid, process_name, type)\n",
+        ),
+        (  # a dotted key is quoted, so the path cannot be read as two keys
+            '{"type": "xid", "gpu": 0, "code": 13, "pid.x": 1}',
+            '<request>: ["pid.x"]: unknown key (allowed: code, delivery, gpu, message, mig, '
+            "pid, process_name, type)\n",
+        ),
+    ],
+    ids=["surrogate-value", "surrogate-key", "dotted-key"],
+)
+async def test_odd_text_is_a_located_400_not_a_crash(
+    client: TestClient[web.Request, web.Application], body: str, answer: str
+) -> None:
+    response = await client.post(
+        "/-/simulator/events", data=body, headers={"Content-Type": "application/json"}
+    )
+    assert response.status == 400
+    assert await response.text() == answer

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
@@ -13,7 +14,14 @@ from gpu_exporter.simulator.units import parse_duration
 _PERCENT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
 
 
+_PLAIN_KEY = re.compile(r"[A-Za-z0-9_-]+")
+
+
 def key(path: str, name: str) -> str:
+    """``path.name``; a name that would read ambiguously in a path (a dot, a bracket, spaces,
+    anything unprintable or a lone surrogate) is quoted: ``path["a.b"]``."""
+    if not _PLAIN_KEY.fullmatch(name):
+        return f"{path}[{json.dumps(name)}]"  # ASCII-only: every character is spelled out
     return f"{path}.{name}" if path else name
 
 
@@ -62,6 +70,11 @@ def text(value: Any, path: str, pattern: str | None = None) -> str:
     result = str(value)
     if not result:
         raise Invalid(path, "must not be empty")
+    try:
+        result.encode("utf-8")
+    except UnicodeEncodeError:
+        # JSON can spell a lone UTF-16 surrogate ("\ud800"); no kernel or NVML text can hold one.
+        raise Invalid(path, f"{result!r} is not valid Unicode text (a lone surrogate)") from None
     if pattern is not None and not re.fullmatch(pattern, result):
         raise Invalid(path, f"{result!r} does not match {pattern}")
     return result
