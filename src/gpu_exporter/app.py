@@ -20,7 +20,7 @@ from .logs import get_logger
 from .nvml import WorkerPool
 from .sampler import Sampler
 from .server import make_web_app, server_settings
-from .webguard import RequestGuard
+from .webguard import RequestGuard, ServerLog
 from .webreload import WebConfigReloader
 from .xid import XidSubsystem
 
@@ -45,6 +45,7 @@ class Exporter:
     kubelet: Any = None  # its SimulatedKubelet (pod-resources server, proc and pod-log trees)
     runner: web.AppRunner | None = None
     web_config: WebConfigReloader | None = None  # with --web.config.file
+    server_log: ServerLog | None = None  # aiohttp's server logger, into the structured log
 
     @property
     def port(self) -> int:
@@ -60,7 +61,7 @@ class Exporter:
         if self.allocation is not None:
             await self.allocation.start()
         await self.xid.start()
-        self.runner = await start_web_server(self.web_app, self.config)
+        self.runner = await start_web_server(self.web_app, self.config, self.server_log)
         if self.web_config is not None:
             self.web_config.start()
 
@@ -90,11 +91,14 @@ class Exporter:
             uninstall()
 
 
-async def start_web_server(web_app: web.Application, config: Config) -> web.AppRunner:
+async def start_web_server(
+    web_app: web.Application, config: Config, server_log: ServerLog | None = None
+) -> web.AppRunner:
     """Serve ``web_app`` on ``--listen``, over TLS when the web config has a certificate."""
-    runner = web.AppRunner(
-        web_app, access_log=None, handle_signals=False, **server_settings(config.web_read_timeout)
-    )
+    settings = server_settings(config.web_read_timeout)
+    if server_log is not None:
+        settings["logger"] = server_log
+    runner = web.AppRunner(web_app, access_log=None, handle_signals=False, **settings)
     await runner.setup()
     tls = config.web.tls if config.web else None
     site = web.TCPSite(
@@ -144,7 +148,16 @@ def build_exporter(config: Config) -> Exporter:
         extra_routes = [*extra_routes, *admin_routes(xid, credentials_checked=checked)]
     web_app = make_web_app(sampler, extra_routes, guard)
     return Exporter(
-        config, pool, sampler, web_app, xid, allocation, simulation, kubelet, web_config=web_config
+        config,
+        pool,
+        sampler,
+        web_app,
+        xid,
+        allocation,
+        simulation,
+        kubelet,
+        web_config=web_config,
+        server_log=ServerLog(guard),
     )
 
 

@@ -33,6 +33,31 @@ def configure_logging(log_format: str, level: str) -> None:
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=True,
     )
+    _route_standard_logging(renderer)
+
+
+def _route_standard_logging(renderer: Any) -> None:
+    """Libraries that log through the standard ``logging`` module (gRPC, asyncio) write one
+    line in the same format, warnings and worse only, instead of bare text and tracebacks that
+    a log pipeline expecting JSON lines would split or drop."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            foreign_pre_chain=[
+                structlog.stdlib.add_logger_name,
+                structlog.processors.add_log_level,
+                structlog.processors.TimeStamper(fmt="iso", utc=True),
+            ],
+            processors=[
+                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                structlog.processors.format_exc_info,
+                renderer,
+            ],
+        )
+    )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.WARNING)
 
 
 def get_logger(name: str) -> structlog.stdlib.BoundLogger:

@@ -20,8 +20,10 @@ from enum import Enum
 from http import HTTPStatus
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from .exposition import Family, Sample, counter, label_string
+from .logs import RateLimiter, get_logger
 from .webconfig import RateLimit, WebConfig
 
 HEALTH_PATHS = frozenset({"/healthz", "/readyz"})
@@ -32,8 +34,9 @@ REJECTED = counter(
 )
 # max_requests: over --web.max-requests (503); rate_limit: over the web config's rate_limit (429);
 # auth_busy: too many password checks already queued (503); unauthorized: no or wrong credentials
-# (401); client_cert: the client certificate has none of client_allowed_sans (403).
-REASONS = ("max_requests", "rate_limit", "auth_busy", "unauthorized", "client_cert")
+# (401); client_cert: the client certificate has none of client_allowed_sans (403); bad_request:
+# refused by the HTTP parser, before any handler (400: not HTTP, a line or header over the limits).
+REASONS = ("max_requests", "rate_limit", "auth_busy", "unauthorized", "client_cert", "bad_request")
 # bcrypt is slow on purpose (~70 ms at cost 10): one check at a time, and only this many waiting;
 # beyond that a guessing client is turned away without costing CPU.
 MAX_PENDING_PASSWORD_CHECKS = 4
@@ -253,6 +256,10 @@ class RequestGuard:
         names = peer.get("subjectAltName", ()) if isinstance(peer, dict) else ()
         return any(_normalised_san(kind, value) in self._allowed_sans for kind, value in names)
 
+    def note_bad_request(self) -> None:
+        """The HTTP parser refused a request (see :class:`ServerLog`)."""
+        self._rejected["bad_request"] += 1
+
     def _reject(self, reason: str, status: HTTPStatus) -> web.Response:
         self._rejected[reason] += 1
         return web.Response(status=status, text=f"{status.phrase}\n")
@@ -274,3 +281,46 @@ def _normalised_san(kind: str, value: str) -> str:
         except ValueError:
             return value
     return value
+
+
+class ServerLog:
+    """Stands in for aiohttp's ``aiohttp.server`` logger, which would print a traceback to stderr,
+    outside the structured log, for every malformed request any client cares to send.
+
+    A request the HTTP parser refuses (not HTTP, a line or a header over the limits) is the
+    client's doing: it is counted (``reason="bad_request"``) and logged as one rate-limited
+    warning line. Anything else aiohttp reports (a handler that raised: a 500) is an error in the
+    structured log, traceback included.
+    """
+
+    def __init__(self, guard: RequestGuard) -> None:
+        self._guard = guard
+        self._limiter = RateLimiter(period=60.0)
+
+    def exception(self, message: str, *args: object, exc_info: object = None, **_: object) -> None:
+        if isinstance(exc_info, HttpProcessingError):
+            self._bad_request(exc_info, args)
+            return
+        text = message % args if args else message
+        _server_log.error(text, exc_info=exc_info if exc_info is not None else True)
+
+    def debug(self, message: str, *args: object, exc_info: object = None, **_: object) -> None:
+        if isinstance(exc_info, HttpProcessingError):  # aiohttp's quiet path for non-HTTP bytes
+            self._bad_request(exc_info, args)
+
+    def warning(self, message: str, *args: object, **_: object) -> None:
+        _server_log.warning(message % args if args else message)
+
+    def _bad_request(self, exc: HttpProcessingError, args: tuple[object, ...]) -> None:
+        self._guard.note_bad_request()
+        suppressed = self._limiter.allow("bad_request")
+        if suppressed is not None:
+            _server_log.warning(
+                "malformed request refused",
+                client=str(args[0]) if args else None,
+                error=str(exc.message)[:200],
+                suppressed=suppressed,
+            )
+
+
+_server_log = get_logger("http")

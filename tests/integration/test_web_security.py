@@ -17,13 +17,14 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
+from structlog.testing import capture_logs
 
 from gpu_exporter.app import start_web_server
 from gpu_exporter.collectors import Cadence
 from gpu_exporter.config import Config, SimulatorConfig
 from gpu_exporter.server import make_web_app
 from gpu_exporter.webconfig import load_web_config
-from gpu_exporter.webguard import RequestGuard
+from gpu_exporter.webguard import RequestGuard, ServerLog
 from tests.helpers import make_config, one, parse_exposition, running_exporter
 from tests.web_helpers import PASSWORD, USER, Pki, bcrypt_hash, write_web_config
 
@@ -163,7 +164,7 @@ async def serving(
     config: Config, guard: RequestGuard, routes: list[web.RouteDef] | None = None
 ) -> AsyncIterator[str]:
     app = make_web_app(StubSampler(), routes or [], guard)  # type: ignore[arg-type]
-    runner = await start_web_server(app, config)
+    runner = await start_web_server(app, config, ServerLog(guard))
     try:
         scheme = "https" if config.web and config.web.tls else "http"
         yield f"{scheme}://127.0.0.1:{runner.addresses[0][1]}"
@@ -232,15 +233,24 @@ async def raw_exchange(url: str, request: bytes) -> tuple[bytes, float]:
     return answer, time.monotonic() - started
 
 
-async def test_oversized_request_heads_are_refused() -> None:
+async def test_oversized_or_malformed_requests_are_refused_counted_and_logged_on_one_line() -> None:
     config = make_config()
-    async with serving(config, guard_for(config)) as url:
-        huge_field = b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 9000 + b"\r\n\r\n"
-        answer, _ = await raw_exchange(url, huge_field)
-        assert answer.split(b" ", 2)[1] in (b"400", b"431"), answer[:80]
-        many = b"".join(b"X-H%d: v\r\n" % i for i in range(200))
-        answer, _ = await raw_exchange(url, b"GET /metrics HTTP/1.1\r\n" + many + b"\r\n")
-        assert answer.split(b" ", 2)[1] in (b"400", b"431"), answer[:80]
+    guard = guard_for(config)
+    async with serving(config, guard) as url:
+        with capture_logs() as logs:
+            huge_field = b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 9000 + b"\r\n\r\n"
+            answer, _ = await raw_exchange(url, huge_field)
+            assert answer.split(b" ", 2)[1] in (b"400", b"431"), answer[:80]
+            many = b"".join(b"X-H%d: v\r\n" % i for i in range(200))
+            answer, _ = await raw_exchange(url, b"GET /metrics HTTP/1.1\r\n" + many + b"\r\n")
+            assert answer.split(b" ", 2)[1] in (b"400", b"431"), answer[:80]
+            answer, _ = await raw_exchange(url, b"\x16\x03\x01 not HTTP at all\r\n\r\n")
+            assert answer.split(b" ", 2)[1] == b"400", answer[:80]
+    assert guard.rejected["bad_request"] == 3, "every request the parser refuses is counted"
+    refused = [entry for entry in logs if entry["event"] == "malformed request refused"]
+    assert len(refused) == 1, f"one warning, the repeats rate-limited: {logs}"
+    assert "exc_info" not in refused[0], "a client's malformed request is not a traceback"
+    assert refused[0]["client"] == "127.0.0.1"
 
 
 async def test_a_client_that_never_finishes_its_request_head_is_disconnected() -> None:
@@ -276,3 +286,18 @@ def test_the_cli_refuses_a_bad_web_config_in_one_line(tmp_path: Path) -> None:
         f"gpu-exporter: error: web config {path}: tls_server_config.cert_file: "
         f"cannot read {tmp_path / 'missing.crt'}: No such file or directory"
     )
+
+
+async def test_a_handler_that_raises_is_a_500_and_one_structured_error() -> None:
+    async def broken(_request: web.Request) -> web.Response:
+        raise RuntimeError("a bug in a handler")
+
+    config = make_config()
+    guard = guard_for(config)
+    async with serving(config, guard, [web.get("/broken", broken)]) as url:
+        with capture_logs() as logs:
+            async with aiohttp.ClientSession(url) as session:
+                assert await status_of(session, "/broken") == 500
+    (error,) = [entry for entry in logs if entry["log_level"] == "error"]
+    assert isinstance(error["exc_info"], RuntimeError), "the traceback goes to the structured log"
+    assert guard.rejected["bad_request"] == 0, "a server bug is not the client's bad request"
