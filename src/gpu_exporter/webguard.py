@@ -43,6 +43,8 @@ MAX_PENDING_PASSWORD_CHECKS = 4
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
+_server_log = get_logger("http")
+
 
 class Verdict(Enum):
     ALLOWED = "allowed"
@@ -321,6 +323,3 @@ class ServerLog:
                 error=str(exc.message)[:200],
                 suppressed=suppressed,
             )
-
-
-_server_log = get_logger("http")
