@@ -144,6 +144,11 @@ async def test_nvswitch_sxids_are_counted_once_across_restarts(
             "the Severity and Data lines after a report are part of it, not new SXids"
         )
         assert value(second, "gpu_exporter_xid_unparsed_lines_total") == 0
+        fatal_at = value(second, "gpu_nvswitch_sxid_last_timestamp_seconds", switch="3")
+        non_fatal_at = value(second, "gpu_nvswitch_sxid_last_timestamp_seconds", switch="0")
+        assert fatal_at is not None
+        assert non_fatal_at is not None
+        assert fatal_at > non_fatal_at > 0, "each code's latest event time, as the kernel logs it"
         assert sxids(second, switch="0") == 2, "a restart must not count the replay again"
         assert xid_count(second) == 1
         assert value(second, "gpu_xid_class_errors_total", gpu="0", **{"class": "hardware"}) == 0, (

@@ -92,6 +92,7 @@ class Published:
     last_seen: Mapping[LastKey, float] = field(default_factory=dict)
     class_counts: Mapping[tuple[str, str, str], float] = field(default_factory=dict)
     sxid_counts: Mapping[SxidKey, float] = field(default_factory=dict)
+    sxid_last: Mapping[SxidKey, float] = field(default_factory=dict)
     latches: tuple[tuple[str, str, str], ...] = ()  # (uuid, gpu, reason)
     duplicates: Mapping[str, float] = field(default_factory=dict)
     kmsg_lost: float = 0.0
@@ -332,6 +333,7 @@ class XidCore:
             last_seen=dict(state.last_seen),
             class_counts=state.class_totals(),
             sxid_counts=dict(state.sxid_counts),
+            sxid_last=dict(state.sxid_last),
             latches=tuple((uuid, latch.gpu, reason) for uuid, reason, latch in state.latched()),
             duplicates=dict(self._duplicates),
             kmsg_lost=float(self._kmsg_lost),

@@ -62,6 +62,7 @@ class XidState:
     expired: dict[ClassKey, float] = field(default_factory=dict)
     last_seen: dict[LastKey, float] = field(default_factory=dict)
     sxid_counts: dict[SxidKey, float] = field(default_factory=dict)
+    sxid_last: dict[SxidKey, float] = field(default_factory=dict)  # latest event of each
     latches: dict[str, dict[str, Latch]] = field(default_factory=dict)  # uuid -> reason -> latch
     recent: list[Recent] = field(default_factory=list)
     boot_id: str = ""
@@ -195,6 +196,8 @@ class XidState:
         self._mark(op.get("m"))
         key = (switch, bus_id, sxid, severity)
         self.sxid_counts[key] = self.sxid_counts.get(key, 0.0) + 1.0
+        when = float(op["w"])
+        self.sxid_last[key] = max(when, self.sxid_last.get(key, when))
 
     def _dup(self, op: Mapping[str, Any]) -> None:
         target, channel = int(op["r"]), str(op["c"])
@@ -281,6 +284,7 @@ class XidState:
             "count_last": [[*key, value] for key, value in self.count_last.items()],
             "expired": [[*key, value] for key, value in self.expired.items()],
             "sxid_counts": [[*key, value] for key, value in self.sxid_counts.items()],
+            "sxid_last": [[*key, value] for key, value in self.sxid_last.items()],
             "last_seen": [[*key, value] for key, value in self.last_seen.items()],
             "latches": [
                 [uuid, reason, latch.gpu, latch.since]
@@ -325,6 +329,8 @@ class XidState:
             state.expired[(str(gpu), str(uuid), str(xid_class))] = float(value)
         for switch, bus_id, sxid, severity, value in data.get("sxid_counts", ()):
             state.sxid_counts[(str(switch), str(bus_id), str(sxid), str(severity))] = float(value)
+        for switch, bus_id, sxid, severity, value in data.get("sxid_last", ()):
+            state.sxid_last[(str(switch), str(bus_id), str(sxid), str(severity))] = float(value)
         for uuid, reason, gpu, since in data["latches"]:
             state.latches.setdefault(str(uuid), {})[str(reason)] = Latch(str(gpu), float(since))
         for rid, key, xid, when, channels in data["recent"]:

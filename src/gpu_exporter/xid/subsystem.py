@@ -97,12 +97,18 @@ SXID_ERRORS = counter(
     "NVSwitch SXid errors from the kernel log, by switch instance, the switch's PCI address, "
     "code and severity (fatal|non_fatal|correctable|unknown).",
 )
+SXID_LAST = gauge(
+    "gpu_nvswitch_sxid_last_timestamp_seconds",
+    "When the latest SXid of this code and severity happened on this NVSwitch, in seconds since "
+    "the epoch.",
+)
 FAMILIES: tuple[Family, ...] = (
     XID_ERRORS,
     XID_CLASS_ERRORS,
     XID_LAST,
     DRAIN,
     SXID_ERRORS,
+    SXID_LAST,
     SOURCE_UP,
     JOURNAL_OK,
     JOURNAL_ERRORS,
@@ -340,6 +346,10 @@ class XidSubsystem:
         out += [
             Sample(SXID_ERRORS, label_string(zip(SXID_LABELS, key, strict=True)), value)
             for key, value in sorted(published.sxid_counts.items())
+        ]
+        out += [
+            Sample(SXID_LAST, label_string(zip(SXID_LABELS, key, strict=True)), value)
+            for key, value in sorted(published.sxid_last.items())
         ]
         out += [
             Sample(XID_LAST, label_string(zip(COUNT_LABELS[:4], key, strict=True)), value)
