@@ -89,7 +89,11 @@ class WebConfigReloader:
     async def _run(self) -> None:
         while True:
             await asyncio.sleep(self._interval)
-            candidate = await asyncio.to_thread(self.check)
+            try:
+                candidate = await asyncio.to_thread(self.check)
+            except Exception as exc:  # a bug here must not end the checks, nor the exporter
+                self._refuse(f"unexpected error: {exc!r}")
+                continue
             if candidate is not None:
                 self._accept(candidate)
 

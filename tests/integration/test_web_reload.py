@@ -204,3 +204,34 @@ async def test_rotated_client_cas_decide_who_may_connect(tmp_path: Path) -> None
         assert (await admitted(old_clients), await admitted(new_clients)) == (False, True), (
             "after a reload only certificates of the new client CA may connect"
         )
+
+
+async def test_an_unexpected_error_while_reloading_is_counted_and_checking_goes_on(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "web.yml"
+    write_atomically(path, web_yml(PASSWORD, tls=False))
+    loop = asyncio.get_running_loop()
+    attempts: list[int] = []
+    failed = asyncio.Event()
+
+    def broken_load(_path: Path) -> Any:
+        attempts.append(1)
+        loop.call_soon_threadsafe(failed.set)
+        raise RuntimeError("a bug while reading")
+
+    reloader = WebConfigReloader(
+        load_web_config(path), lambda _config: None, interval=0.01, load=broken_load
+    )
+    reloader.start()
+    try:
+        write_atomically(path, web_yml(NEW_PASSWORD, tls=False))
+        await asyncio.wait_for(failed.wait(), timeout=10)
+        failed.clear()
+        write_atomically(path, web_yml(PASSWORD, tls=False))
+        await asyncio.wait_for(failed.wait(), timeout=10)
+        assert len(attempts) == 2, "the checks go on after an error"
+        samples = {(s.family.name, s.labels): s.value for s in reloader.samples()}
+        assert samples[("gpu_exporter_web_config_last_reload_successful", "")] == 0
+    finally:
+        await reloader.stop()
