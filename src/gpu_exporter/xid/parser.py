@@ -65,7 +65,13 @@ _SXID_SEVERITY = re.compile(r"^\s*,\s*(?P<severity>Fatal|Non-?fatal|Correctable)
 _SXID_DETAIL = re.compile(
     r"^\s*,\s*(?:Severity\s+\d+\s+Engine\s+instance|Data\s*\{)", re.IGNORECASE
 )
-_SXID_SEVERITIES = {"fatal": "fatal", "correctable": "correctable"}
+# The driver's severity word, as the label value.
+_SXID_SEVERITIES = {
+    "fatal": "fatal",
+    "non-fatal": "non_fatal",
+    "nonfatal": "non_fatal",
+    "correctable": "correctable",
+}
 _BUS = re.compile(
     r"^\s*(?:PCI:)?(?:(?P<domain>[0-9a-fA-F]{1,8}):)?(?P<bus>[0-9a-fA-F]{1,2}):"
     r"(?P<device>[0-9a-fA-F]{1,2})(?:\.[0-7])?\s*$"
@@ -258,7 +264,7 @@ def parse_sxid(message: str) -> SxidLine | None:
     if severity is None:
         level = "unknown"
     else:
-        level = _SXID_SEVERITIES.get(severity.group("severity").lower(), "non_fatal")
+        level = _SXID_SEVERITIES[severity.group("severity").lower()]
         rest = rest[severity.end() :]
     switch = match.group("switch")
     return SxidLine(

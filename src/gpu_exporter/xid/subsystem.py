@@ -478,7 +478,7 @@ class XidSubsystem:
                 when = self._event_time(record, batch)
                 mark = self._mark(batch, index, record)
                 observations.append(SxidObservation(sxid, when, message, position, mark))
-            elif ("NVRM" in message and _XID_WORD.search(message)) or _SXID_WORD.search(message):
+            elif _mentions_xid(message):
                 self.core.note_unparsed(message)
         self.core.observe(observations)
 
@@ -623,6 +623,14 @@ def read_boot_id(proc_path: Path) -> str:
 
 def _gpu_uuid(device: DeviceId) -> str:
     return device.parent_uuid or device.uuid
+
+
+def _mentions_xid(message: str) -> bool:
+    """A line that names an Xid or an SXid but did not parse (cheap tests first: this runs on
+    every kernel-log line that is not one)."""
+    if "NVRM" in message and _XID_WORD.search(message):
+        return True
+    return "SXid" in message and _SXID_WORD.search(message) is not None
 
 
 def _unidentified_drain_samples(published: Published, unidentified: Iterable[int]) -> list[Sample]:
