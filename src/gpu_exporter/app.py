@@ -28,7 +28,6 @@ if TYPE_CHECKING:  # imported when built: grpc costs ~17 MB RSS, not paid with -
     from .allocation import AllocationSubsystem
 
 _log = get_logger("app")
-DEFAULT_KMSG = Path("/dev/kmsg")
 
 
 @dataclass
@@ -185,7 +184,7 @@ def _simulated_paths(config: Config) -> Config:
     """
     scratch = Path(tempfile.mkdtemp(prefix="gpu-exporter-sim-"))
     changes: dict[str, Any] = {}
-    if config.kmsg_path == DEFAULT_KMSG:
+    if config.kmsg_path == Config.kmsg_path:
         changes["kmsg_path"] = scratch / "kmsg"
     if config.state_dir == Config.state_dir:
         changes["state_dir"] = scratch / "state"

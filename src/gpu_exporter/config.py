@@ -1,14 +1,22 @@
-"""The exporter's configuration: one frozen value built by the CLI and passed down explicitly."""
+"""The exporter's configuration: one frozen value built by the CLI and passed down explicitly.
+
+Every flag is declared here, once, as a field made with :func:`~gpu_exporter.settings.setting`
+(flag, value type, default, help, group; the ``GPU_EXPORTER_*`` variable follows the flag's
+name). The parser, the environment lookup and the README check derive from these fields; the
+``--collector.<name>`` switches are declared by the collectors themselves.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .logs import LEVELS
+from .settings import COUNT, DURATION, LISTEN, PATH, RATIO, ValueType, choice, setting
 from .webconfig import WebConfig
 
 DEFAULT_PORT = 9445  # dcgm-exporter uses 9400 and nvidia_gpu_exporter 9835
-DEFAULT_LISTEN = f"0.0.0.0:{DEFAULT_PORT}"
+BUILTIN_SCENARIO = "builtin"
 
 
 @dataclass(frozen=True)
@@ -18,38 +26,199 @@ class SimulatorConfig:
     scenario: Path | None = None
 
 
+def _parse_scenario(text: str) -> SimulatorConfig:
+    return SimulatorConfig(None if text == BUILTIN_SCENARIO else Path(text))
+
+
+SCENARIO = ValueType(_parse_scenario, lambda s: str(s.scenario or BUILTIN_SCENARIO))
+
+
 @dataclass(frozen=True)
 class Config:
-    listen_host: str = "0.0.0.0"
-    listen_port: int = DEFAULT_PORT
-    simulator: SimulatorConfig | None = None
-    fast_interval: float = 1.0
-    slow_interval: float = 30.0
-    nvml_timeout: float = 1.0
-    init_timeout: float = 60.0
+    listen_host: str = setting(
+        "--listen",
+        "0.0.0.0",
+        LISTEN,
+        also=("listen_port",),
+        group="serving",
+        help="address to serve metrics on",
+    )
+    listen_port: int = DEFAULT_PORT  # set by --listen
+    simulator: SimulatorConfig | None = setting(
+        "--simulate",
+        None,
+        SCENARIO,
+        const=BUILTIN_SCENARIO,
+        metavar="SCENARIO.yaml",
+        none="off",
+        group="serving",
+        help="run on the simulator instead of NVML; without a file, the built-in 8x H100 node",
+    )
+    fast_interval: float = setting(
+        "--fast-interval",
+        1.0,
+        DURATION,
+        group="sampling",
+        help="sampling interval of fast signals: activity, power, clocks...",
+    )
+    slow_interval: float = setting(
+        "--slow-interval",
+        30.0,
+        DURATION,
+        group="sampling",
+        help="sampling interval of slow signals: ECC, row remapping, inventory",
+    )
+    nvml_timeout: float = setting(
+        "--nvml-timeout",
+        1.0,
+        DURATION,
+        group="sampling",
+        help="give up on a collector's NVML calls for a device after this long",
+    )
+    init_timeout: float = 60.0  # not a flag: how long the first nvmlInit may take
+    # set by the --collector.<name> switches, which each collector declares (collectors/)
     collectors: frozenset[str] = field(default_factory=frozenset)
-    kmsg_path: Path = Path("/dev/kmsg")
-    pod_resources_socket: Path = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
-    state_dir: Path = Path("/var/lib/gpu-exporter")
-    proc_path: Path = Path("/proc")
-    xid_classes: Path | None = None
-    xid_pod_retention: float = 7 * 86400.0
-    kmsg: bool = True
-    nvml_events: bool = True
-    allocation: bool = True
-    container_memory: bool = True
-    pod_logs_path: Path = Path("/var/log/pods")
-    pod_resources_interval: float = 1.0
-    idle_threshold: float = 0.05
-    web_config_file: Path | None = None
-    web: WebConfig | None = None  # loaded from web_config_file by the CLI at start
-    web_auth_health: bool = False
-    web_enable_admin_api: bool = False
-    web_max_requests: int = 40
-    web_read_timeout: float = 30.0
-    log_format: str = "auto"
-    log_level: str = "info"
+    kmsg_path: Path = setting(
+        "--kmsg-path",
+        Path("/dev/kmsg"),
+        PATH,
+        group="xid",
+        help="kernel log to read Xids from",
+    )
+    kmsg: bool = setting(
+        "--kmsg", True, group="xid", help="read Xids from the kernel log (needs CAP_SYSLOG)"
+    )
+    nvml_events: bool = setting(
+        "--nvml-events", True, group="xid", help="receive Xids as NVML events"
+    )
+    xid_classes: Path | None = setting(
+        "--xid-classes",
+        None,
+        PATH,
+        metavar="FILE",
+        group="xid",
+        help="YAML file overriding Xid classes, e.g. '94: hardware' (see docs/xid.md)",
+    )
+    xid_pod_retention: float = setting(
+        "--xid-pod-retention",
+        7 * 86400.0,
+        DURATION,
+        group="xid",
+        help="withdraw a pod's gpu_xid_errors_total series this long after its latest Xid; the "
+        "per-class totals keep its count",
+    )
+    pod_resources_socket: Path = setting(
+        "--pod-resources-socket",
+        Path("/var/lib/kubelet/pod-resources/kubelet.sock"),
+        PATH,
+        group="allocation",
+        help="kubelet pod-resources socket",
+    )
+    allocation: bool = setting(
+        "--allocation",
+        True,
+        group="allocation",
+        help="attribute GPUs to pods through the kubelet pod-resources API",
+    )
+    pod_resources_interval: float = setting(
+        "--pod-resources-interval",
+        1.0,
+        DURATION,
+        group="allocation",
+        help="how often to ask the kubelet who holds which GPU",
+    )
+    container_memory: bool = setting(
+        "--container-memory",
+        True,
+        group="allocation",
+        help="per-container GPU memory from NVML processes, host /proc and pod logs",
+    )
+    pod_logs_path: Path = setting(
+        "--pod-logs-path",
+        Path("/var/log/pods"),
+        PATH,
+        group="allocation",
+        help="the host's pod log directory, read for names only",
+    )
+    state_dir: Path = setting(
+        "--state-dir",
+        Path("/var/lib/gpu-exporter"),
+        PATH,
+        metavar="DIR",
+        group="xid",
+        help="where the Xid journal is kept",
+    )
+    proc_path: Path = setting(
+        "--proc-path",
+        Path("/proc"),
+        PATH,
+        group="allocation",
+        help="the host's /proc, for process-to-pod mapping",
+    )
+    idle_threshold: float = setting(
+        "--idle-threshold",
+        0.05,
+        RATIO,
+        group="allocation",
+        help="SM activity below which an allocated GPU counts as idle",
+    )
+    web_config_file: Path | None = setting(
+        "--web.config.file",
+        None,
+        PATH,
+        metavar="FILE",
+        group="web",
+        help="exporter-toolkit web config (TLS, basic auth), as node_exporter's; see "
+        "docs/security.md; without one, plain HTTP without authentication",
+    )
+    web: WebConfig | None = None  # not a flag: loaded from web_config_file by the CLI at start
+    web_auth_health: bool = setting(
+        "--web.auth-health",
+        False,
+        group="web",
+        help="require the web config's credentials on /healthz and /readyz too (kubelet "
+        "probes send none)",
+    )
+    web_enable_admin_api: bool = setting(
+        "--web.enable-admin-api",
+        False,
+        group="web",
+        help="serve POST /-/drain/clear, which clears a GPU's drain recommendation (protect it "
+        "with the web config's credentials, see docs/security.md)",
+    )
+    web_max_requests: int = setting(
+        "--web.max-requests",
+        40,
+        COUNT,
+        group="web",
+        help="requests served at once; more are answered 503 at once",
+    )
+    web_read_timeout: float = setting(
+        "--web.read-timeout",
+        30.0,
+        DURATION,
+        group="web",
+        help="a connection must send a complete request head within this long of opening or of "
+        "its previous response, else it is closed; also the keep-alive idle time",
+    )
+    log_format: str = setting(
+        "--log-format",
+        "auto",
+        choice("auto", "json", "console"),
+        group="logging",
+        help="log format; auto = console on a terminal, JSON otherwise",
+    )
+    log_level: str = setting(
+        "--log-level",
+        "info",
+        choice(*LEVELS),
+        group="logging",
+        help="the least severe level logged",
+    )
 
     @property
     def simulate(self) -> bool:
         return self.simulator is not None
+
+
+DEFAULT_LISTEN = f"{Config.listen_host}:{Config.listen_port}"

@@ -26,6 +26,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+from ..config import Config
 from ..devices import Device, DeviceId
 from ..exposition import Family, Sample, join_labels, label_string
 from ..ledger import ActivityLedger
@@ -80,10 +81,10 @@ class AllocationSubsystem:
         devices: Callable[[], Iterable[Device]],
         ledger: ActivityLedger,
         executor: Executor,
-        idle_threshold: float = 0.05,
-        proc_path: Path = Path("/proc"),
-        pod_logs_path: Path = Path("/var/log/pods"),
-        poll_interval: float = 1.0,
+        idle_threshold: float = Config.idle_threshold,
+        proc_path: Path = Config.proc_path,
+        pod_logs_path: Path = Config.pod_logs_path,
+        poll_interval: float = Config.pod_resources_interval,
         update_interval: float = 0.5,
         process_interval: float | None = 5.0,
         call_timeout: float = 2.0,

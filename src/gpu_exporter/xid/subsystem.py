@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from ..config import Config
 from ..devices import Device, DeviceId
 from ..exposition import Family, Sample, counter, gauge, label_string
 from ..logs import get_logger
@@ -145,7 +146,7 @@ class XidSubsystem:
         unidentified_lost: Callable[[], Iterable[int]] = tuple,
         kmsg_path: Path | None,
         state_dir: Path | None,
-        proc_path: Path = Path("/proc"),
+        proc_path: Path = Config.proc_path,
         classes_path: Path | None = None,
         holder: HolderLookup | None = None,
         nvml_events: bool = True,

@@ -1,0 +1,58 @@
+"""Settings are declared once, on Config's fields; the parser, the environment and the README
+flags table follow that one declaration."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from gpu_exporter.cli import _env_args, all_flags, build_parser, parse_config
+from gpu_exporter.config import Config
+from gpu_exporter.settings import Flag, declared_flags, format_duration, parse_duration
+
+README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+ROWS = dict(re.findall(r"^\| `(--[a-z][^`]*)`(?: / `--no-[^`]*`)? \| ([^|]*) \|", README, re.M))
+
+
+def readme_row(option: str) -> tuple[str, str]:
+    """The README row of ``option``: (first cell without backticks, default cell)."""
+    for head, default in ROWS.items():
+        if head == option or head.startswith(option + " "):
+            return head, default.strip()
+    raise AssertionError(f"{option} has no row in README's flags table")
+
+
+@pytest.mark.parametrize("flag", list(declared_flags(Config)), ids=lambda f: f.option)
+def test_readme_flags_table_shows_each_declared_flag_with_its_default(flag: Flag) -> None:
+    head, default = readme_row(flag.option)
+    shown = flag.shown_default()
+    expected = shown if shown in ("on", "off", "none") else f"`{shown}`"
+    assert default == expected, f"README says {flag.option} defaults to {default}, code {expected}"
+    metavar = flag.shown_metavar
+    if metavar is not None and flag.const is None:
+        assert head == f"{flag.option} {metavar.replace('|', chr(92) + '|')}", (
+            f"README's row for {flag.option} should read `{flag.option} {metavar}`"
+        )
+
+
+def test_every_config_field_default_is_the_parsers_default() -> None:
+    assert parse_config([], environ={}) == Config(
+        collectors=parse_config([], environ={}).collectors
+    ), "a flag's parser default differs from its Config field's default"
+
+
+def test_every_switch_reads_its_environment_variable() -> None:
+    parser = build_parser()
+    for flag in all_flags():
+        if not flag.switch:
+            continue
+        flipped = "false" if flag.default else "true"
+        namespace = parser.parse_args(_env_args(all_flags(), {flag.env: flipped}))
+        assert getattr(namespace, flag.name) is not flag.default, f"{flag.env} is not read"
+
+
+@pytest.mark.parametrize("seconds", [0.25, 0.5, 1.0, 30.0, 90.0, 120.0, 3600.0, 604800.0])
+def test_a_duration_default_is_written_as_the_parser_reads_it(seconds: float) -> None:
+    assert parse_duration(format_duration(seconds)) == seconds
