@@ -6,8 +6,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpu_exporter.allocation.podresources import ContainerDevices
-from gpu_exporter.allocation.server import KubeletState, PodResourcesServer
+import grpc
+
+from gpu_exporter.allocation.podresources import ClaimDevice, ContainerDevices
+from gpu_exporter.allocation.server import UNIMPLEMENTED, KubeletState, PodResourcesServer
 from gpu_exporter.devices import Device, DeviceId
 from gpu_exporter.exposition import Sample, render
 from tests.helpers import ManualClock
@@ -48,16 +50,31 @@ class FakeKubelet:
     socket_path: Path
     containers: list[ContainerDevices] = field(default_factory=list)
     allocatable: list[tuple[str, str]] | None = field(default_factory=list)
+    claims: list[ClaimDevice] = field(default_factory=list)
+    # How GetAllocatableResources is refused while ``allocatable`` is None.
+    refusal: tuple[grpc.StatusCode, str] = UNIMPLEMENTED
     server: PodResourcesServer | None = None
 
     def state(self) -> KubeletState:
-        return KubeletState(list(self.containers), self.allocatable)
+        return KubeletState(list(self.containers), self.allocatable, self.claims, self.refusal)
 
     def hold(self, namespace: str, pod: str, container: str, resource: str, *ids: str) -> None:
         self.containers.append(ContainerDevices(namespace, pod, container, resource, ids))
 
+    def claim(
+        self,
+        pod: tuple[str, str, str],  # namespace, pod, container
+        claim: tuple[str, str],  # claim namespace, claim name
+        device: str,
+        *cdi: str,
+        driver: str = "gpu.nvidia.com",
+        pool: str = "node-1",
+    ) -> None:
+        self.claims.append(ClaimDevice(*pod, *claim, driver, pool, device, cdi))
+
     def release(self, pod: str) -> None:
         self.containers = [c for c in self.containers if c.pod != pod]
+        self.claims = [c for c in self.claims if c.pod != pod]
 
     async def start(self) -> None:
         self.server = PodResourcesServer(self.socket_path, self.state)

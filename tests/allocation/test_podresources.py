@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import grpc
+import pytest
+
 from gpu_exporter.allocation import AllocationSubsystem
+from gpu_exporter.allocation.server import ALLOCATABLE_DISABLED
 from gpu_exporter.ledger import ActivityLedger
 from gpu_exporter.nvml import WorkerPool
 
@@ -125,6 +129,55 @@ async def test_gke_ids(kubelet: FakeKubelet, pool: WorkerPool) -> None:
         f'gpu_allocated{{gpu="3",uuid="{UUID_D}"}}': 0,
     }
     assert f'uuid="{UUID_B}"' not in "".join(allocated)  # a GPU in MIG mode is not schedulable
+    await sub.stop()
+
+
+async def test_a_kubelet_with_get_allocatable_disabled_stays_a_source(
+    kubelet: FakeKubelet, pool: WorkerPool
+) -> None:
+    """The feature gate off: UNKNOWN "... disabled" from GetAllocatableResources, List answers."""
+    every_id_form(kubelet)
+    kubelet.allocatable = None
+    kubelet.refusal = ALLOCATABLE_DISABLED
+    sub = subsystem(kubelet, pool)
+    await sub.poll()
+    sub.update()
+    values = series(sub.samples())
+    assert values[SOURCE_UP] == 1, "a disabled GetAllocatableResources took the source down"
+    assert values[f'gpu_allocated{{gpu="0",uuid="{UUID_A}"}}'] == 1
+    assert values[f'gpu_allocated{{gpu="3",uuid="{UUID_D}"}}'] == 0  # from the inventory
+    await sub.stop()
+
+
+async def test_other_get_allocatable_errors_still_take_the_source_down(
+    kubelet: FakeKubelet, pool: WorkerPool
+) -> None:
+    every_id_form(kubelet)
+    kubelet.allocatable = None
+    kubelet.refusal = (grpc.StatusCode.UNKNOWN, "something else broke")
+    sub = subsystem(kubelet, pool)
+    await sub.poll()
+    sub.update()
+    assert series(sub.samples())[SOURCE_UP] == 0
+    await sub.stop()
+
+
+async def test_a_relative_socket_path_is_resolved(
+    kubelet: FakeKubelet, pool: WorkerPool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    every_id_form(kubelet)
+    monkeypatch.chdir(kubelet.socket_path.parent.parent)
+    relative = Path(kubelet.socket_path.parent.name) / kubelet.socket_path.name
+    sub = AllocationSubsystem(
+        socket_path=relative,
+        devices=devices,
+        ledger=ActivityLedger(),
+        executor=pool,
+        call_timeout=1.0,
+        process_interval=None,
+    )
+    await sub.poll()
+    assert sub.up, f"the relative socket {relative} was not reached"
     await sub.stop()
 
 

@@ -1,7 +1,10 @@
 """A pod-resources server (the kubelet's side of the API) for the simulator and tests.
 
-It serves whatever ``provider`` returns at each call, so allocations can change over time. With
-``allocatable=None`` it answers GetAllocatableResources with UNIMPLEMENTED, like old kubelets.
+It serves whatever ``provider`` returns at each call, so allocations can change over time:
+device-plugin devices and DRA claims (``dynamic_resources``, grouped by claim as the kubelet
+does). With ``allocatable=None`` it refuses GetAllocatableResources with ``allocatable_refusal``:
+UNIMPLEMENTED as kubelets before 1.23 do, or UNKNOWN "Pod Resources API GetAllocatableResources
+disabled" as a kubelet with the feature gate off does.
 """
 
 from __future__ import annotations
@@ -14,33 +17,62 @@ from typing import Any
 
 import grpc
 
-from .podresources import ContainerDevices
+from .podresources import ClaimDevice, ContainerDevices
 from .proto import podresources_pb2 as pb
 from .proto import podresources_pb2_grpc as pb_grpc
+
+UNIMPLEMENTED = (grpc.StatusCode.UNIMPLEMENTED, "not served by this kubelet")
+ALLOCATABLE_DISABLED = (
+    grpc.StatusCode.UNKNOWN,
+    "Pod Resources API GetAllocatableResources disabled",
+)
 
 
 @dataclass(frozen=True)
 class KubeletState:
     containers: Sequence[ContainerDevices] = ()
     allocatable: Sequence[tuple[str, str]] | None = ()  # (resource, device id)
+    claims: Sequence[ClaimDevice] = ()
+    allocatable_refusal: tuple[grpc.StatusCode, str] = UNIMPLEMENTED
 
 
-def list_response(containers: Sequence[ContainerDevices]) -> pb.ListPodResourcesResponse:
-    """Group container devices into pods and containers, as the kubelet does."""
-    pods: dict[tuple[str, str], dict[str, list[ContainerDevices]]] = {}
-    for entry in containers:
+_Entry = ContainerDevices | ClaimDevice
+
+
+def list_response(
+    containers: Sequence[ContainerDevices], claims: Sequence[ClaimDevice] = ()
+) -> pb.ListPodResourcesResponse:
+    """Group container devices and claims into pods and containers, as the kubelet does."""
+    pods: dict[tuple[str, str], dict[str, list[_Entry]]] = {}
+    every: list[_Entry] = [*containers, *claims]
+    for entry in every:
         by_container = pods.setdefault((entry.namespace, entry.pod), {})
         by_container.setdefault(entry.container, []).append(entry)
     response = pb.ListPodResourcesResponse()
     for (namespace, name), by_container in pods.items():
         pod = response.pod_resources.add(name=name, namespace=namespace)
         for container_name, entries in by_container.items():
-            container = pod.containers.add(name=container_name)
-            for entry in entries:
-                container.devices.add(
-                    resource_name=entry.resource, device_ids=list(entry.device_ids)
-                )
+            _fill_container(pod.containers.add(name=container_name), entries)
     return response
+
+
+def _fill_container(container: pb.ContainerResources, entries: Sequence[_Entry]) -> None:
+    claims: dict[tuple[str, str], pb.DynamicResource] = {}
+    for entry in entries:
+        if isinstance(entry, ContainerDevices):
+            container.devices.add(resource_name=entry.resource, device_ids=list(entry.device_ids))
+            continue
+        key = (entry.claim_namespace, entry.claim_name)
+        if key not in claims:
+            claims[key] = container.dynamic_resources.add(
+                claim_name=entry.claim_name, claim_namespace=entry.claim_namespace
+            )
+        resource = claims[key].claim_resources.add(
+            driver_name=entry.driver, pool_name=entry.pool, device_name=entry.device
+        )
+        resource.cdi_devices.extend(pb.CDIDevice(name=n) for n in entry.cdi_devices)
+        if entry.share_id is not None:
+            resource.share_id = entry.share_id
 
 
 def allocatable_response(
@@ -60,15 +92,28 @@ class _Servicer(pb_grpc.PodResourcesListerServicer):
         self._provider = provider
 
     async def List(self, request: Any, context: Any) -> pb.ListPodResourcesResponse:
-        return list_response(self._provider().containers)
+        state = self._provider()
+        return list_response(state.containers, state.claims)
 
     async def GetAllocatableResources(
         self, request: Any, context: Any
     ) -> pb.AllocatableResourcesResponse:
-        allocatable = self._provider().allocatable
-        if allocatable is None:
-            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not served by this kubelet")
-        return allocatable_response(allocatable or ())
+        state = self._provider()
+        if state.allocatable is None:
+            await context.abort(*state.allocatable_refusal)
+        return allocatable_response(state.allocatable or ())
+
+    async def Get(self, request: Any, context: Any) -> pb.GetPodResourcesResponse:
+        state = self._provider()
+        listed = list_response(state.containers, state.claims)
+        for pod in listed.pod_resources:
+            if (pod.namespace, pod.name) == (request.pod_namespace, request.pod_name):
+                return pb.GetPodResourcesResponse(pod_resources=pod)
+        await context.abort(  # the kubelet answers with a plain error: status UNKNOWN
+            grpc.StatusCode.UNKNOWN,
+            f"pod {request.pod_name} in namespace {request.pod_namespace} not found",
+        )
+        raise AssertionError("unreachable")  # abort raises
 
 
 class PodResourcesServer:

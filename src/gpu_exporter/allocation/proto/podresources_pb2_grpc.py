@@ -44,6 +44,11 @@ class PodResourcesListerStub:
                 request_serializer=gpu__exporter_dot_allocation_dot_proto_dot_podresources__pb2.AllocatableResourcesRequest.SerializeToString,
                 response_deserializer=gpu__exporter_dot_allocation_dot_proto_dot_podresources__pb2.AllocatableResourcesResponse.FromString,
                 _registered_method=True)
+        self.Get = channel.unary_unary(
+                '/v1.PodResourcesLister/Get',
+                request_serializer=gpu__exporter_dot_allocation_dot_proto_dot_podresources__pb2.GetPodResourcesRequest.SerializeToString,
+                response_deserializer=gpu__exporter_dot_allocation_dot_proto_dot_podresources__pb2.GetPodResourcesResponse.FromString,
+                _registered_method=True)
 
 
 class PodResourcesListerServicer:
@@ -61,6 +66,13 @@ class PodResourcesListerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Get(self, request, context):
+        """Behind the kubelet feature gate KubeletPodResourcesGet (beta, on, since 1.34).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PodResourcesListerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -73,6 +85,11 @@ def add_PodResourcesListerServicer_to_server(servicer, server):
                     servicer.GetAllocatableResources,
                     request_deserializer=gpu__exporter_dot_allocation_dot_proto_dot_podresources__pb2.AllocatableResourcesRequest.FromString,
                     response_serializer=gpu__exporter_dot_allocation_dot_proto_dot_podresources__pb2.AllocatableResourcesResponse.SerializeToString,
+            ),
+            'Get': grpc.unary_unary_rpc_method_handler(
+                    servicer.Get,
+                    request_deserializer=gpu__exporter_dot_allocation_dot_proto_dot_podresources__pb2.GetPodResourcesRequest.FromString,
+                    response_serializer=gpu__exporter_dot_allocation_dot_proto_dot_podresources__pb2.GetPodResourcesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -129,6 +146,33 @@ class PodResourcesLister:
             '/v1.PodResourcesLister/GetAllocatableResources',
             gpu__exporter_dot_allocation_dot_proto_dot_podresources__pb2.AllocatableResourcesRequest.SerializeToString,
             gpu__exporter_dot_allocation_dot_proto_dot_podresources__pb2.AllocatableResourcesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Get(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/v1.PodResourcesLister/Get',
+            gpu__exporter_dot_allocation_dot_proto_dot_podresources__pb2.GetPodResourcesRequest.SerializeToString,
+            gpu__exporter_dot_allocation_dot_proto_dot_podresources__pb2.GetPodResourcesResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -10,6 +10,9 @@ set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 src=$(cd "$here/../../.." && pwd)
 python=${PYTHON:-python3}
+case "$python" in
+*/*) python="$(cd "$(dirname "$python")" && pwd)/$(basename "$python")" ;;  # relative to here
+esac
 cd "$src"
 "$python" -m grpc_tools.protoc -I . \
     --python_out=. --pyi_out=. --grpc_python_out=. \
