@@ -14,14 +14,14 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from .admin import admin_routes
 from .config import Config
+from .http.admin import admin_routes
+from .http.server import make_web_app, server_settings
+from .http.webguard import RequestGuard, ServerLog
+from .http.webreload import WebConfigReloader
 from .logs import get_logger
 from .nvml import WorkerPool
 from .sampler import Sampler
-from .server import make_web_app, server_settings
-from .webguard import RequestGuard, ServerLog
-from .webreload import WebConfigReloader
 from .xid import XidSubsystem
 
 if TYPE_CHECKING:  # imported when built: grpc costs ~17 MB RSS, not paid with --no-allocation

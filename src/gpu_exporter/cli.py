@@ -161,7 +161,7 @@ def load_files(config: Config) -> Config:
         _check_xid_classes(config.xid_classes)
     if config.web_config_file is None:
         return config
-    from .webconfig import WebConfigError, load_web_config
+    from .http.webconfig import WebConfigError, load_web_config
 
     try:
         return replace(config, web=load_web_config(config.web_config_file))

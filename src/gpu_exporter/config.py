@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .http.webconfig import WebConfig
 from .logs import LEVELS
 from .settings import COUNT, DURATION, LISTEN, PATH, RATIO, ValueType, choice, setting
-from .webconfig import WebConfig
 
 DEFAULT_PORT = 9445  # dcgm-exporter uses 9400 and nvidia_gpu_exporter 9835
 BUILTIN_SCENARIO = "builtin"

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpu_exporter.webconfig import WebConfigError, load_web_config, parse_web_config
+from gpu_exporter.http.webconfig import WebConfigError, load_web_config, parse_web_config
 from tests.web_helpers import Pki, bcrypt_hash, write_web_config
 
 

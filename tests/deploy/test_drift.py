@@ -15,7 +15,7 @@ import pytest
 
 from gpu_exporter.cli import build_parser, env_name, parse_config
 from gpu_exporter.config import Config
-from gpu_exporter.server import make_web_app
+from gpu_exporter.http.server import make_web_app
 
 from .conftest import container, daemonset, find
 from .kustomize import Resource

@@ -10,10 +10,10 @@ import aiohttp
 import pytest
 from structlog.testing import capture_logs
 
-from gpu_exporter.admin import DRAIN_CLEAR_PATH
 from gpu_exporter.app import Exporter
 from gpu_exporter.config import Config, SimulatorConfig
-from gpu_exporter.webconfig import load_web_config
+from gpu_exporter.http.admin import DRAIN_CLEAR_PATH
+from gpu_exporter.http.webconfig import load_web_config
 from tests.helpers import Series, make_config, one, parse_exposition, running_exporter, select
 from tests.web_helpers import PASSWORD, USER, Pki, bcrypt_hash, write_web_config
 

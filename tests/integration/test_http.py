@@ -197,7 +197,7 @@ async def test_a_hung_nvml_call_does_not_hold_up_scrapes(
 async def test_without_simulate_there_is_no_control_endpoint(exporter: Exporter) -> None:
     from aiohttp.test_utils import TestClient, TestServer
 
-    from gpu_exporter.server import make_web_app
+    from gpu_exporter.http.server import make_web_app
 
     async with TestClient(TestServer(make_web_app(exporter.sampler))) as client:
         response = await client.post("/-/simulator/events", json={"type": "unhang"})

@@ -16,8 +16,8 @@ import trustme
 
 from gpu_exporter.app import Exporter
 from gpu_exporter.config import SimulatorConfig
-from gpu_exporter.webconfig import load_web_config
-from gpu_exporter.webreload import WebConfigReloader
+from gpu_exporter.http.webconfig import load_web_config
+from gpu_exporter.http.webreload import WebConfigReloader
 from tests.helpers import make_config, one, parse_exposition, running_exporter
 from tests.web_helpers import PASSWORD, USER, Pki, bcrypt_hash
 

@@ -22,9 +22,9 @@ from structlog.testing import capture_logs
 from gpu_exporter.app import start_web_server
 from gpu_exporter.collectors import Cadence
 from gpu_exporter.config import Config, SimulatorConfig
-from gpu_exporter.server import make_web_app
-from gpu_exporter.webconfig import load_web_config
-from gpu_exporter.webguard import RequestGuard, ServerLog
+from gpu_exporter.http.server import make_web_app
+from gpu_exporter.http.webconfig import load_web_config
+from gpu_exporter.http.webguard import RequestGuard, ServerLog
 from tests.helpers import make_config, one, parse_exposition, running_exporter
 from tests.web_helpers import PASSWORD, USER, Pki, bcrypt_hash, write_web_config
 

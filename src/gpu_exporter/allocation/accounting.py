@@ -29,7 +29,7 @@ from .model import PodKey
 def idle_activity_source(device: DeviceId) -> str:
     """What idle accounting uses on ``device``: ``gpm`` (SM activity), ``utilization``, ``none``.
 
-    Meant for ``gpu_info``'s ``activity_source`` label, so the fallback is visible there.
+    Feeds ``gpu_info``'s ``idle_source`` label, so the fallback is visible there.
     """
     source = activity_source_name(device)
     if source != "none":

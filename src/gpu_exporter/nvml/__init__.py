@@ -1,4 +1,11 @@
-"""Everything that touches NVML error semantics and threads lives in this package."""
+"""The NVML boundary for sampling: every collector's NVML call goes through ``DeviceCalls``.
+
+``calls.py`` runs a call and maps NVML's errors to counted outcomes (unsupported, lost, other);
+``errors.py`` names NVML's error codes; ``pool.py`` is the worker pool that keeps blocking NVML
+calls off the event loop. Not here: the NVML event thread for Xids (``xid/nvml_events.py``)
+handles its own NVML errors (logged, the thread restarted), and device discovery
+(``devices.py``) asks a few system-level functions directly.
+"""
 
 from .calls import DeviceCalls, SupportRegistry
 from .errors import DeviceLost, ErrorCounter, NvmlUnavailable, error_name, value_of

@@ -22,8 +22,8 @@ from http import HTTPStatus
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from .exposition import Family, Sample, counter, label_string
-from .logs import RateLimiter, get_logger
+from ..exposition import Family, Sample, counter, label_string
+from ..logs import RateLimiter, get_logger
 from .webconfig import RateLimit, WebConfig
 
 HEALTH_PATHS = frozenset({"/healthz", "/readyz"})

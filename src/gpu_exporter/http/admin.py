@@ -18,9 +18,9 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from .logs import get_logger
+from ..logs import get_logger
+from ..xid.state import REASONS
 from .webguard import basic_auth_user
-from .xid.state import REASONS
 
 DRAIN_CLEAR_PATH = "/-/drain/clear"
 MAX_UUID_CHARS = 128

@@ -8,7 +8,9 @@ What Python cannot honour (``curve_preferences``, client certificates accepted w
 verification) is rejected by name rather than silently weakened.
 
 Like exporter-toolkit, unknown keys are errors and relative paths are resolved against the
-config file's directory. Unlike it, the file is read once, at start: a change needs a restart.
+config file's directory. Like it, a change applies while running: ``webreload.py`` checks the
+file (and the files it names) every 10 s and swaps in a config that loads, keeping the previous
+one when the new one is refused.
 Every problem is a :class:`WebConfigError` whose message is one line: file, key path, reason.
 """
 

@@ -22,8 +22,8 @@ import ssl
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
-from .exposition import Family, Sample, counter, gauge, label_string
-from .logs import RateLimiter, get_logger
+from ..exposition import Family, Sample, counter, gauge, label_string
+from ..logs import RateLimiter, get_logger
 from .webconfig import WebConfig, WebConfigError, load_web_config
 
 RELOADS = counter(

@@ -8,14 +8,14 @@ from typing import Any
 
 from aiohttp import web
 
-from . import __version__
-from .exposition import (
+from .. import __version__
+from ..exposition import (
     OPENMETRICS_CONTENT_TYPE,
     TEXT_CONTENT_TYPE,
     accepts_gzip,
     wants_openmetrics,
 )
-from .sampler import Sampler
+from ..sampler import Sampler
 from .webguard import RequestGuard
 
 SAMPLER_KEY: web.AppKey[Sampler] = web.AppKey("sampler", Sampler)
