@@ -255,7 +255,7 @@ def test_overlap_is_the_longest_line_aligned_one(
     data = b"".join(x + b"\n" for x in old[dropped:] + appended)
     expected = brute_overlap(previous, data) if previous else (0, 0)
     assert overlap(previous, data) == expected
-    from gpu_exporter.xid.kmsg import _overlap_by_lines
+    from gpu_exporter.xid.syslog import _overlap_by_lines
 
     if previous:
         assert _overlap_by_lines(previous, data) == expected

@@ -20,11 +20,14 @@ from ..devices import DeviceId
 from ..logs import RateLimiter, get_logger
 from .classes import Classifier
 from .journal import Journal
-from .parser import SxidLine
+from .parser import SxidLine, text_hash
 from .state import REASONS, CountKey, LastKey, Op, SxidKey, XidState
 
 SOURCE_KMSG = "kmsg"
 SOURCE_NVML = "nvml_events"
+# Why a kernel-log record was not taken as an Xid source (gpu_exporter_kmsg_ignored_records_total).
+IGNORED_REASONS = ("not_kernel", "oversized")
+MAX_QUOTED = 256  # characters of a hostile record quoted in a log line
 _LEVEL_BY_CLASS = {"hardware": "error", "informational": "info"}
 
 _log = get_logger("xid")
@@ -97,6 +100,7 @@ class Published:
     duplicates: Mapping[str, float] = field(default_factory=dict)
     kmsg_lost: float = 0.0
     unparsed: float = 0.0
+    ignored: Mapping[str, float] = field(default_factory=dict)  # kernel-log records, by reason
     journal_ok: bool = False
     journal_errors: Mapping[str, float] = field(default_factory=dict)  # by operation
 
@@ -121,6 +125,7 @@ class XidCore:
         self._duplicates: Counter[str] = Counter({SOURCE_KMSG: 0, SOURCE_NVML: 0})
         self._kmsg_lost = 0
         self._unparsed = 0
+        self._ignored: Counter[str] = Counter({reason: 0 for reason in IGNORED_REASONS})
         self._limiter = RateLimiter(period=60.0)
         self.published = Published()
         # Called (from whichever thread made the change) after each publication.
@@ -158,6 +163,30 @@ class XidCore:
         boot_id, seq, _offset, file_key, file_end = position
         with self._lock:
             return self._state.kmsg_seen(boot_id, seq, file_key, file_end, usec, digest)
+
+    def kmsg_file(self) -> tuple[str, int, str | None]:
+        """The regular file standing in for the kernel log: its key, the end offset of the last
+        record handled in it and that record's text hash."""
+        with self._lock:
+            state = self._state
+            return state.kmsg_file, state.kmsg_file_pos, state.kmsg_file_hash
+
+    def restart_kmsg_file(self, file_key: str, why: str) -> None:
+        """The file was truncated or rewritten in place since its offset was saved: every record
+        in it is new. Written as a snapshot (blocking I/O: the kernel-log thread)."""
+        with self._lock:
+            if self._state.kmsg_file != file_key or self._state.kmsg_file_pos < 0:
+                return
+            offset = self._state.kmsg_file_pos
+            self._state.restart_file()
+            self._journal.compact(self._state.to_snapshot())
+            self._publish()
+        _log.warning(
+            "kernel log file no longer holds what was read: its records are read as new",
+            file=file_key,
+            saved_offset=offset,
+            why=why,
+        )
 
     def kmsg_replay_start(self, boot_id: str, marks: list[KmsgMark]) -> int:
         """The index of the first record not handled before in a whole syslog(2) buffer."""
@@ -230,8 +259,7 @@ class XidCore:
         else:
             recent = [self._state.next_id, obs.dedup_key, [obs.channel]]
             op = {"op": "count", "l": list(labels), "w": obs.when, "r": recent, "k": position}
-        if obs.kmsg_mark is not None:
-            op["m"] = list(obs.kmsg_mark)
+        _mark(op, obs.kmsg, obs.kmsg_mark, obs.raw)
         return op
 
     def _latch_ops(self, obs: Observation, labels: CountKey) -> list[Op]:
@@ -250,6 +278,24 @@ class XidCore:
             self._publish()
         if self._limiter.allow("unparsed") is not None:
             _log.warning("kernel log line mentions an Xid but could not be parsed", raw=message)
+
+    def note_ignored(self, reason: str, message: str | None = None) -> None:
+        """A kernel-log record not read as an Xid source: ``not_kernel`` (a userspace write to
+        /dev/kmsg that looks like the driver's) or ``oversized`` (a file/FIFO line longer than
+        any kernel record, logged by the reader)."""
+        with self._lock:
+            self._ignored[reason] += 1
+            self._publish()
+        if message is None:
+            return
+        suppressed = self._limiter.allow(("ignored", reason))
+        if suppressed is not None:
+            _log.warning(
+                "kernel log record not from the kernel names an Xid or SXid; not counted",
+                reason=reason,
+                raw=message[:MAX_QUOTED],
+                suppressed=suppressed,
+            )
 
     def expire_pod_series(self, retention: float) -> None:
         """Withdraw the series of pods whose latest Xid is older than ``retention`` seconds, so
@@ -338,6 +384,7 @@ class XidCore:
             duplicates=dict(self._duplicates),
             kmsg_lost=float(self._kmsg_lost),
             unparsed=float(self._unparsed),
+            ignored={reason: float(n) for reason, n in self._ignored.items()},
             journal_ok=self._journal.ok,
             journal_errors={op: float(n) for op, n in self._journal.errors.items()},
         )
@@ -368,9 +415,18 @@ def _sxid_op(obs: SxidObservation) -> Op:
         "w": obs.when,
         "k": list(obs.kmsg) if obs.kmsg is not None else None,
     }
-    if obs.kmsg_mark is not None:
-        op["m"] = list(obs.kmsg_mark)
+    _mark(op, obs.kmsg, obs.kmsg_mark, obs.raw)
     return op
+
+
+def _mark(op: Op, position: KmsgPosition | None, mark: KmsgMark | None, raw: str) -> None:
+    """The record's identity beside its position: its mark (no sequence numbers), or for a
+    regular file the hash of its text, which tells a later start whether the file still holds
+    that record at that offset."""
+    if mark is not None:
+        op["m"] = list(mark)
+    if position is not None and position[3] is not None:
+        op["fh"] = text_hash(raw)
 
 
 def _log_sxid(obs: SxidObservation) -> None:

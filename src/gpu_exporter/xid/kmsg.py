@@ -5,7 +5,9 @@ the ``syslog(2)`` system call (``klogctl``).
   ``select`` so a stop is seen within one poll interval. ``EPIPE`` (records overwritten while we
   read) is counted through the sequence-number gap of the next record.
 - A regular file or FIFO is read in chunks and split into lines; a partial last line waits for
-  its newline. A regular file is followed like ``tail -F``: truncation or replacement reopens it.
+  its newline (up to :data:`MAX_RECORD` bytes: a longer line is dropped, see
+  :class:`LineSplitter`). A regular file is followed like ``tail -F``: truncation or replacement
+  reopens it, and the caller checks a saved offset against the file at each open.
 - ``syslog(2)`` is the fallback for the default ``/dev/kmsg`` when opening it fails with EPERM,
   EACCES or ENOENT (a container runtime's device cgroup forbids the device, or it is not mounted),
   and the only mechanism for the path ``syslog:``. It reads the same ring buffer with CAP_SYSLOG
@@ -21,22 +23,42 @@ The reader only reads and splits; the handler (called on this thread) parses and
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import os
 import select
 import stat
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..logs import RateLimiter, get_logger
-from .parser import KmsgRecord, parse_record, parse_syslog, text_hash
+from .lines import MAX_RECORD, LineSplitter
+from .parser import KmsgRecord, parse_record
+from .syslog import (
+    MAX_OVERLAP_CANDIDATES,
+    Klogctl,
+    Mark,
+    ReadAll,
+    SyslogBuffer,
+    overlap,
+)
 
-MAX_RECORD = 16_384  # larger than the kernel's longest record (CONSOLE_EXT_LOG_MAX 8192)
+__all__ = [
+    "MAX_OVERLAP_CANDIDATES",
+    "MAX_RECORD",
+    "Batch",
+    "Klogctl",
+    "KmsgReader",
+    "KmsgSyscalls",
+    "LineSplitter",
+    "Mark",
+    "ReadAll",
+    "SyslogBuffer",
+    "overlap",
+]
+
 CHUNK = 65_536
 BATCH = 512
 RETRY_MISSING_S = 0.5
@@ -45,15 +67,7 @@ DEVICE_PATH = Path("/dev/kmsg")
 SYSLOG_PATH = Path("syslog:")  # --kmsg-path syslog: read through syslog(2) only
 SYSLOG_POLL_S = 0.25
 FALLBACK_ERRNOS = frozenset({errno.EPERM, errno.EACCES, errno.ENOENT})
-SYSLOG_ACTION_READ_ALL = 3
-SYSLOG_ACTION_SIZE_BUFFER = 10
-MAX_OVERLAP_CANDIDATES = 64
 
-# A record's identity without a sequence number: (printk usec or None, text hash, occurrence
-# index among the identical lines in the buffer read). Unique in a boot up to the limits in
-# docs/xid.md ("Restarts").
-Mark = tuple[int | None, str, int]
-ReadAll = Callable[[], bytes]
 
 _log = get_logger("xid.kmsg")
 
@@ -98,10 +112,15 @@ class KmsgReader:
         syslog_poll: float = SYSLOG_POLL_S,
         opener: Callable[[Path, int], int] = os.open,
         read: Callable[[int, int], bytes] = os.read,
+        on_file: Callable[[str, int], None] | None = None,
+        on_oversized: Callable[[], None] = lambda: None,
     ) -> None:
         """``syslog`` reads the whole kernel log (see :class:`Klogctl`); given, it is used for
         the path ``syslog:``, and when the path is ``/dev/kmsg`` and cannot be opened.
-        ``opener`` and ``read`` are the system calls (see :class:`KmsgSyscalls`)."""
+        ``opener`` and ``read`` are the system calls (see :class:`KmsgSyscalls`). ``on_file`` is
+        called with a regular file's key and descriptor each time it is opened, before it is
+        read (the caller checks its saved offset is still good); ``on_oversized`` once for each
+        line dropped as longer than :data:`MAX_RECORD`."""
         self._path = path
         self._handler = handler
         self._on_up = on_up
@@ -120,6 +139,8 @@ class KmsgReader:
         self._syslog_poll = syslog_poll
         self._opener = opener
         self._read_fd = read
+        self._on_file = on_file
+        self._on_oversized = on_oversized
         self._wake = threading.Event()  # a syslog(2) poll now (stop, or a drain asked for)
         self.mechanism: str | None = None  # "device", "fifo", "file" or "syslog" once read
 
@@ -288,10 +309,12 @@ class KmsgReader:
                 select.select([fd], [], [], self._poll)
 
     def _follow_stream(self, fd: int, *, regular: bool) -> None:
-        pending = b""
-        position = 0  # bytes read so far; ``position - len(pending)`` starts the next line
+        lines = LineSplitter(self._oversized)
         info = os.fstat(fd)
         file_key = f"{info.st_dev}:{info.st_ino}" if regular else None
+        if file_key is not None and self._on_file is not None:
+            self._on_file(file_key, fd)  # may reset the saved offset: truncated or rewritten
+        sized: bool | None = None  # a file whose size says how far it goes (not /proc/version)
         while not self._stop.is_set():
             try:
                 data = os.read(fd, CHUNK)
@@ -302,34 +325,48 @@ class KmsgReader:
                     raise
                 continue
             if data:
-                start = position - len(pending)
-                position += len(data)
-                lines = (pending + data).split(b"\n")
-                pending = lines.pop()
+                if regular and sized is None:
+                    # A pseudo-file (procfs, sysfs) reports size 0 whatever it holds.
+                    sized = os.fstat(fd).st_size >= lines.position + len(data)
                 records, ends = [], []
-                for line in lines:
-                    start += len(line) + 1
+                for line, end in lines.feed(data):
                     record = parse_record(line)
                     if record is not None:
                         records.append(record)
-                        ends.append(start)
+                        ends.append(end)
                 # Only a device or FIFO has one writer whose sequence gaps mean lost records.
                 self._deliver(records, count_gaps=not regular, file_key=file_key, ends=ends)
                 continue
             self._mark_drained()
-            if regular and self._replaced(fd, position):
-                _log.info(
-                    "kernel log file was truncated or replaced; reopening", path=str(self._path)
-                )
+            if regular and self._replaced(fd, lines.position, sized is not False):
+                if self._limiter.allow("replaced") is not None:
+                    _log.info(
+                        "kernel log file was truncated or replaced; reopening",
+                        path=str(self._path),
+                    )
                 return
             self._stop.wait(self._poll)
 
-    def _replaced(self, fd: int, position: int) -> bool:
+    def _oversized(self, length: int) -> None:
+        self._on_oversized()
+        suppressed = self._limiter.allow("oversized")
+        if suppressed is not None:
+            _log.warning(
+                "kernel log line longer than the kernel's longest record dropped",
+                path=str(self._path),
+                max_bytes=MAX_RECORD,
+                bytes_at_least=length,
+                suppressed=suppressed,
+            )
+
+    def _replaced(self, fd: int, position: int, sized: bool) -> bool:
         try:
             on_disk = os.stat(self._path)
         except OSError:
             return False  # removed: keep reading the open file until it reappears
-        return on_disk.st_ino != os.fstat(fd).st_ino or on_disk.st_size < position
+        if on_disk.st_ino != os.fstat(fd).st_ino:
+            return True
+        return sized and on_disk.st_size < position
 
     # -- hand-off ------------------------------------------------------------------------------
 
@@ -365,132 +402,3 @@ class KmsgReader:
         with self._drained:
             self._drains += 1
             self._drained.notify_all()
-
-
-class SyslogBuffer:
-    """Turns successive whole-buffer reads of the kernel log (syslog(2) READ_ALL) into new records.
-
-    The ring buffer only ever drops its oldest lines and appends new ones, so each read is the
-    previous one less a prefix plus new lines: the new lines are what follows the longest suffix
-    of the previous read that the new read starts with. Counting the overlap as large as possible
-    errs towards "already seen": a record is never handed over twice. When nothing of the previous
-    read is left (the buffer was cleared, or rotated entirely between two reads) every line is new
-    and ``lost`` is reported.
-
-    Each record's mark is ``(usec, text hash, occurrence)``, the occurrence being how many
-    identical lines precede it in the buffer (0 unless the same text was logged twice in one
-    microsecond, or there are no timestamps).
-    """
-
-    def __init__(self) -> None:
-        self._previous = b""
-        self._counts: Counter[bytes] = Counter()
-
-    def update(self, data: bytes) -> tuple[list[KmsgRecord], list[Mark], bool]:
-        previous = self._previous
-        dropped, start = overlap(previous, data)
-        lost = bool(previous) and start == 0 and bool(data)
-        if dropped:
-            counts = self._counts
-            for line in previous[:dropped].split(b"\n"):
-                left = counts[line] - 1
-                if left > 0:
-                    counts[line] = left
-                else:
-                    counts.pop(line, None)
-        self._previous = data
-        records: list[KmsgRecord] = []
-        marks: list[Mark] = []
-        if start >= len(data):
-            return records, marks, False
-        new = data[start:]
-        here: Counter[bytes] = Counter()  # identical lines earlier in this same read
-        for record, first in parse_syslog(new):
-            records.append(record)
-            occurrence = self._counts[first] + here[first]
-            here[first] += 1
-            marks.append((record.usec, text_hash(record.message), occurrence))
-        self._counts.update(new.split(b"\n"))
-        return records, marks, lost
-
-
-def overlap(previous: bytes, data: bytes) -> tuple[int, int]:
-    """``(dropped, start)``: ``previous[dropped:] == data[:start]``, the longest such overlap that
-    starts at a line boundary; ``(len(previous), 0)`` when none does."""
-    if not previous:
-        return 0, 0
-    if data.startswith(previous):
-        return 0, len(previous)
-    end = data.find(b"\n")
-    if end < 0:
-        return len(previous), 0
-    first = data[: end + 1]
-    candidate = previous.find(first, 1)
-    tries = 0
-    while candidate >= 0:
-        if previous[candidate - 1] == 0x0A and data.startswith(previous[candidate:]):
-            return candidate, len(previous) - candidate
-        tries += 1
-        if tries >= MAX_OVERLAP_CANDIDATES:
-            return _overlap_by_lines(previous, data)
-        candidate = previous.find(first, candidate + 1)
-    return len(previous), 0
-
-
-def _overlap_by_lines(previous: bytes, data: bytes) -> tuple[int, int]:
-    """:func:`overlap` in linear time (prefix function over lines), for a buffer of many identical
-    lines (no timestamps) where trying each candidate would be quadratic."""
-    old = previous.split(b"\n")[:-1]
-    new = data.split(b"\n")[:-1]
-    # Longest prefix of ``new`` that is a suffix of ``old``: KMP over new + [sentinel] + old.
-    sequence: list[bytes | None] = [*new, None, *old]
-    border = [0] * len(sequence)
-    for i in range(1, len(sequence)):
-        k = border[i - 1]
-        while k and sequence[i] != sequence[k]:
-            k = border[k - 1]
-        if sequence[i] == sequence[k] and sequence[i] is not None:
-            k += 1
-        border[i] = k
-    lines = border[-1]
-    if not lines:
-        return len(previous), 0
-    start = sum(len(line) + 1 for line in new[:lines])
-    return len(previous) - start, start
-
-
-class Klogctl:
-    """``syslog(2)`` through glibc's ``klogctl``: the whole kernel log, non-destructively.
-
-    The buffer is sized on the first call (``SYSLOG_ACTION_SIZE_BUFFER``), twice the ring buffer
-    because the text adds a prefix to each line. Raises :class:`OSError` (EPERM without
-    CAP_SYSLOG under ``kernel.dmesg_restrict=1``, or where seccomp forbids the call).
-    """
-
-    def __init__(self) -> None:
-        self._call: Callable[[int, ctypes.Array[ctypes.c_char] | None, int], int] | None = None
-        self._buffer: ctypes.Array[ctypes.c_char] | None = None
-
-    def __call__(self) -> bytes:
-        call = self._call
-        if call is None:
-            libc = ctypes.CDLL(None, use_errno=True)
-            function = libc.klogctl
-            function.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
-            function.restype = ctypes.c_int
-            call = self._call = function
-        if self._buffer is None:
-            size = call(SYSLOG_ACTION_SIZE_BUFFER, None, 0)
-            if size < 0:
-                raise _errno_error("syslog(SYSLOG_ACTION_SIZE_BUFFER)")
-            self._buffer = ctypes.create_string_buffer(max(2 * size, 4096))
-        buffer = self._buffer
-        length = call(SYSLOG_ACTION_READ_ALL, buffer, len(buffer))
-        if length < 0:
-            raise _errno_error("syslog(SYSLOG_ACTION_READ_ALL)")
-        return buffer.raw[:length]
-
-
-def _errno_error(what: str) -> OSError:
-    number = ctypes.get_errno()
-    return OSError(number, f"{os.strerror(number)} ({what})")

@@ -70,6 +70,9 @@ class XidState:
     kmsg_offset: float | None = None  # wall time of usec 0 in ``boot_id``, as last anchored
     kmsg_file: str = ""  # a regular file standing in for /dev/kmsg: "device:inode"
     kmsg_file_pos: int = -1  # end offset of the last record handled in that file
+    # The text hash of that record (op key "fh"): a file truncated or rewritten in place since
+    # (copytruncate) has some other record there, or none; then the offset is not trusted.
+    kmsg_file_hash: str | None = None
     # The latest kernel-log record handled in ``boot_id`` as [usec | None, text hash, occurrence]:
     # where a restart reading syslog(2), which has no sequence numbers, resumes.
     kmsg_mark: list[Any] | None = None
@@ -93,8 +96,12 @@ class XidState:
         For ``/dev/kmsg`` (no file key), a record at or before the mark also counts as seen: the
         records a syslog(2) run handled since the last sequence number (``usec``, and ``digest``
         for the record's text hash, compared on a timestamp tie)."""
-        if file_key is not None and file_end is not None and file_key == self.kmsg_file:
-            return file_end <= self.kmsg_file_pos
+        if file_key is not None and file_end is not None:
+            if file_key == self.kmsg_file and self.kmsg_file_pos >= 0:
+                return file_end <= self.kmsg_file_pos
+            # A file not read before (new, rotated, or rewritten in place): its sequence numbers
+            # say nothing about another file's; history without any is not counted.
+            return seq is None
         if seq is None:
             return True  # no identity: history cannot be told from news, so it is not counted
         if boot_id != self.boot_id:
@@ -180,7 +187,7 @@ class XidState:
         when = float(op["w"])
         recent = op["r"]
         channels = {str(c) for c in recent[2]}
-        self._kmsg(op.get("k"))
+        self._kmsg(op.get("k"), op.get("fh"))
         self._mark(op.get("m"))
         self.counts[labels] = self.counts.get(labels, 0.0) + 1.0
         self.count_last[labels] = max(when, self.count_last.get(labels, when))
@@ -192,7 +199,7 @@ class XidState:
 
     def _sxid(self, op: Mapping[str, Any]) -> None:
         switch, bus_id, sxid, severity = (str(value) for value in op["l"])
-        self._kmsg(op.get("k"))
+        self._kmsg(op.get("k"), op.get("fh"))
         self._mark(op.get("m"))
         key = (switch, bus_id, sxid, severity)
         self.sxid_counts[key] = self.sxid_counts.get(key, 0.0) + 1.0
@@ -201,7 +208,7 @@ class XidState:
 
     def _dup(self, op: Mapping[str, Any]) -> None:
         target, channel = int(op["r"]), str(op["c"])
-        self._kmsg(op.get("k"))
+        self._kmsg(op.get("k"), op.get("fh"))
         self._mark(op.get("m"))
         for recent in self.recent:
             if recent.id == target:
@@ -238,8 +245,9 @@ class XidState:
         self.kmsg_mark = None
         self.latches.clear()
 
-    def _kmsg(self, position: Any) -> None:
-        """``[boot id, seq | None, usec-0 wall time | None, file key | None, file end | None]``"""
+    def _kmsg(self, position: Any, file_hash: Any = None) -> None:
+        """``[boot id, seq | None, usec-0 wall time | None, file key | None, file end | None]``,
+        and for a file the record's text hash."""
         if position is None:
             return
         boot_id, seq, offset, file_key, file_end = position
@@ -252,7 +260,14 @@ class XidState:
         if file_key is not None and file_end is not None:
             if str(file_key) != self.kmsg_file:
                 self.kmsg_file, self.kmsg_file_pos = str(file_key), -1
-            self.kmsg_file_pos = max(self.kmsg_file_pos, int(file_end))
+            if int(file_end) >= self.kmsg_file_pos:
+                self.kmsg_file_pos = int(file_end)
+                self.kmsg_file_hash = None if file_hash is None else str(file_hash)
+
+    def restart_file(self) -> None:
+        """The file's records at or before the saved offset are not the ones handled (it was
+        truncated or rewritten in place): trust no offset in it."""
+        self.kmsg_file_pos, self.kmsg_file_hash = -1, None
 
     def _mark(self, mark: Any) -> None:
         """``[usec | None, text hash, occurrence]`` of the record (after ``_kmsg``: same boot)."""
@@ -278,6 +293,7 @@ class XidState:
             "kmsg_offset": self.kmsg_offset,
             "kmsg_file": self.kmsg_file,
             "kmsg_file_pos": self.kmsg_file_pos,
+            "kmsg_file_hash": self.kmsg_file_hash,
             "kmsg_mark": self.kmsg_mark,
             "next_id": self.next_id,
             "counts": [[*key, value] for key, value in self.counts.items()],
@@ -315,6 +331,8 @@ class XidState:
             op_number=int(data["n"]),
         )
         state._mark(data.get("kmsg_mark"))  # absent in snapshots written before marks
+        file_hash = data.get("kmsg_file_hash")  # absent before it was kept
+        state.kmsg_file_hash = None if file_hash is None else str(file_hash)
         for row in data["counts"]:
             state.counts[_count_key(row[:7])] = float(row[7])
         for row in data["last_seen"]:

@@ -27,6 +27,7 @@ from ..logs import get_logger
 from ..sampler import SOURCE_UP
 from .classes import CLASSES, Classifier, load_classifier
 from .core import (
+    IGNORED_REASONS,
     SOURCE_KMSG,
     SOURCE_NVML,
     HolderLookup,
@@ -38,7 +39,15 @@ from .core import (
     XidCore,
 )
 from .journal import Journal, Write
-from .kmsg import SYSLOG_POLL_S, Batch, Klogctl, KmsgReader, KmsgSyscalls, ReadAll
+from .kmsg import (
+    SYSLOG_POLL_S,
+    Batch,
+    Klogctl,
+    KmsgReader,
+    KmsgSyscalls,
+    ReadAll,
+)
+from .lines import offset_problem
 from .nvml_events import Inventory, NvmlEventThread
 from .parser import (
     FallenOffBusTracker,
@@ -89,6 +98,12 @@ KMSG_LOST = counter(
     "gpu_exporter_kmsg_lost_records_total",
     "Kernel log records overwritten before the exporter read them (sequence number gaps).",
 )
+IGNORED = counter(
+    "gpu_exporter_kmsg_ignored_records_total",
+    "Kernel log records not taken as Xid sources, by reason: not_kernel (written by a userspace "
+    "process, which only the kernel facility is not; counted when it names an Xid or SXid), "
+    "oversized (a file or FIFO line longer than the kernel's longest record, dropped).",
+)
 UNPARSED = counter(
     "gpu_exporter_xid_unparsed_lines_total",
     "Kernel log lines that mention an Xid or an NVSwitch SXid but could not be parsed.",
@@ -115,6 +130,7 @@ FAMILIES: tuple[Family, ...] = (
     JOURNAL_ERRORS,
     DUPLICATES,
     KMSG_LOST,
+    IGNORED,
     UNPARSED,
 )
 COUNT_LABELS = ("gpu", "uuid", "xid", "class", "action", "namespace", "pod")
@@ -122,6 +138,8 @@ SXID_LABELS = ("switch", "pci_bus_id", "sxid", "severity")
 _XID_WORD = re.compile(r"(?<![A-Za-z])Xid\b")
 _SXID_WORD = re.compile(r"\bSXid\b")
 BOOT_ID_FILE = "sys/kernel/random/boot_id"
+# LOG_KERN, and None for a plain text line (no header: a file written by hand or a test).
+KERNEL_FACILITIES = frozenset({0, None})
 
 _log = get_logger("xid")
 
@@ -243,6 +261,8 @@ class XidSubsystem:
                 syslog_poll=self._syslog_poll,
                 opener=self._kmsg_syscalls.open,
                 read=self._kmsg_syscalls.read,
+                on_file=self._check_file,
+                on_oversized=functools.partial(self.core.note_ignored, "oversized"),
             )
             self._kmsg.start()
         if self._nvml_enabled:
@@ -369,6 +389,9 @@ class XidSubsystem:
             out.append(Sample(DUPLICATES, labels, published.duplicates.get(source, 0.0)))
         if SOURCE_KMSG in self._up:
             out.append(Sample(KMSG_LOST, "", published.kmsg_lost))
+            for reason in IGNORED_REASONS:
+                labels = label_string({"reason": reason})
+                out.append(Sample(IGNORED, labels, published.ignored.get(reason, 0.0)))
             out.append(Sample(UNPARSED, "", published.unparsed))
         return out
 
@@ -442,6 +465,15 @@ class XidSubsystem:
 
     # -- the kernel-log thread ---------------------------------------------------------------------
 
+    def _check_file(self, file_key: str, fd: int) -> None:
+        """A regular file was (re)opened: is the saved offset in it still good?"""
+        saved, offset, digest = self.core.kmsg_file()
+        if saved != file_key or offset <= 0:
+            return
+        why = offset_problem(fd, offset, digest)
+        if why is not None:
+            self.core.restart_kmsg_file(file_key, why)
+
     def _on_kmsg(self, batch: Batch) -> None:
         observations: list[Observation | SxidObservation] = []
         replay_start = 0
@@ -455,6 +487,12 @@ class XidSubsystem:
                     records=len(batch.records),
                 )
         for index, record in enumerate(batch.records):
+            if record.facility not in KERNEL_FACILITIES:
+                # Userspace may write /dev/kmsg (any process with the device, as root): the
+                # kernel gives those records facility LOG_USER or higher, never 0.
+                if "NVRM" in record.message or "SXid" in record.message:
+                    self.core.note_ignored("not_kernel", record.message)
+                continue
             position = self._position(batch, index, record)
             if batch.marks is not None:
                 if index < replay_start:
