@@ -85,13 +85,61 @@ def test_field_support_by_model(make_node: MakeNode) -> None:
     assert v100_thermal.nvmlReturn == pynvml.NVML_ERROR_NOT_SUPPORTED
 
 
-def test_recovery_action_field_needs_a_recent_driver(make_node: MakeNode) -> None:
-    make_node("""
-        node: {driver_version: "535.183.01", cuda_version: "12.2"}
-        gpus: [H100-SXM-80GB]
-        """)
-    (field,) = pynvml.nvmlDeviceGetFieldValues(handle(0), [230])
-    assert field.nvmlReturn == pynvml.NVML_ERROR_NOT_SUPPORTED
+def fields_on(make_node: MakeNode, driver: str, ids: list[int]) -> dict[int, Any]:
+    make_node(f'node: {{driver_version: "{driver}"}}\ngpus: [H100-SXM-80GB]')
+    return {int(v.fieldId): v for v in pynvml.nvmlDeviceGetFieldValues(handle(0), ids)}
+
+
+COUNTER_IDS = [74, 76, 251, 252, 253, 269, 270, 271]
+
+
+@pytest.mark.parametrize(
+    ("driver", "counters"),
+    [
+        ("575.57.08", [74, 76, 251, 252, 253]),  # nvidia-ml-py 12.575.51
+        ("580.65.06", [74, 76, 251, 252, 253]),  # 13.580.65
+        ("580.95.05", [74, 76, 269, 270, 271]),  # 13.580.82 and later
+        ("570.172.08", [74, 76]),  # 12.570.86: no thermal/brake counters at all
+    ],
+)
+def test_the_clock_event_counters_sit_where_the_drivers_header_puts_them(
+    make_node: MakeNode, driver: str, counters: list[int]
+) -> None:
+    fields = fields_on(make_node, driver, COUNTER_IDS)
+    answered = [fid for fid, v in fields.items() if v.nvmlReturn == pynvml.NVML_SUCCESS]
+    assert answered == counters, f"driver {driver} answers counters at {answered}"
+    for fid in counters:
+        assert fields[fid].valueType == pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+
+
+def test_ids_a_drivers_header_does_not_define_answer_invalid_argument(
+    make_node: MakeNode,
+) -> None:
+    # 570's NVML_FI_MAX is 269: 269-271 are unknown ids there, 251-253 power smoothing (which
+    # an H100 lacks); 230 (recovery action) arrived with 570 and is beyond 560's NVML_FI_MAX.
+    fields = fields_on(make_node, "570.172.08", [230, 251, 269])
+    assert fields[230].nvmlReturn == pynvml.NVML_SUCCESS
+    assert fields[251].nvmlReturn == pynvml.NVML_ERROR_NOT_SUPPORTED
+    assert fields[269].nvmlReturn == pynvml.NVML_ERROR_INVALID_ARGUMENT
+
+
+@pytest.mark.parametrize("driver", ["535.183.01", "560.35.03"])
+def test_recovery_action_field_needs_a_570_driver(make_node: MakeNode, driver: str) -> None:
+    (field,) = fields_on(make_node, driver, [230]).values()
+    assert field.nvmlReturn == pynvml.NVML_ERROR_INVALID_ARGUMENT
+
+
+def test_an_injected_field_value_replaces_the_answer_until_switched_off(
+    make_node: MakeNode,
+) -> None:
+    node = make_node("gpus: [H100-SXM-80GB]")
+    node.inject({"type": "field_value", "gpu": 0, "field": 270, "value": 42, "value_type": 1})
+    (field,) = pynvml.nvmlDeviceGetFieldValues(handle(0), [270])
+    assert (field.valueType, field.value.uiVal) == (pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, 42)
+    node.inject({"type": "field_value", "gpu": 0, "field": 270, "state": "off"})
+    (field,) = pynvml.nvmlDeviceGetFieldValues(handle(0), [270])
+    assert field.valueType == pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+    assert node.field_requests[270] == 2
 
 
 def test_ecc_disabled_means_no_counters(make_node: MakeNode) -> None:

@@ -1,10 +1,12 @@
 """Clock event ("throttle") reasons: which are active now, and for how long they have been.
 
-``gpu_clocks_event_seconds_total`` comes from NVML's own cumulative counters where the device has
+``gpu_clocks_event_seconds_total`` comes from NVML's own cumulative counters where the driver has
 them (SW power cap, sync boost, SW/HW thermal, HW power brake; nanoseconds per the NVML header)
-and is integrated from the sampled flags for the other reasons (marked ``source="sampled"`` in the
-docs, not in labels). Which reasons use a counter is decided on the first sample and kept, so a
-series never switches source and jumps.
+and is integrated from the sampled flags for the other reasons. The counters' field ids depend on
+the driver build (``counter_fields``). Which reasons use a counter is decided on the first sample
+and kept, so a series never switches source and jumps; a counter whose value type is not a 64-bit
+integer is never used, and one that runs backwards or faster than wall time is refused (logged
+once) and its reason goes on from the same total, integrated from the flags.
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ import pynvml
 
 from ..devices import Device
 from ..exposition import counter, gauge, label_string
-from ..nvml import DeviceCalls
+from ..logs import get_logger
+from ..nvml import DeviceCalls, FieldValue
 from .base import Cadence, Collector, CollectorContext, SampleWriter
+from .counter_fields import counter_fields
 
 ACTIVE = gauge(
     "gpu_clocks_event_active", "1 while the clock event reason holds clocks down, else 0."
@@ -25,32 +29,62 @@ SECONDS = counter(
     "gpu_clocks_event_seconds_total", "Time clocks were held down for this reason, in seconds."
 )
 NANOSECONDS = 1e-9
+# A nanosecond counter needs 64 bits (32 wrap in 4.3 s): unsigned long, unsigned long long,
+# signed long long (nvmlValueType_t 2, 3, 4). A double or a 32-bit value is some other field.
+COUNTER_VALUE_TYPES = frozenset({2, 3, 4})
+# How far a counter may run ahead of wall time since its first reading: the driver's own update
+# granularity and the call's latency (seconds), plus clock-rate differences (fraction).
+AHEAD_SLACK_S = 1.0
+AHEAD_RATE = 0.01
+_log = get_logger("clock_events")
 
 
 @dataclass(frozen=True)
 class Reason:
     name: str
     mask: int
-    counter_field: int | None  # NVML field id of the cumulative counter, where one exists
     labels: str
 
 
-def _reason(name: str, mask: int, counter_field: int | None = None) -> Reason:
-    return Reason(name, mask, counter_field, label_string({"reason": name}))
+def _reason(name: str, mask: int) -> Reason:
+    return Reason(name, mask, label_string({"reason": name}))
 
 
 REASONS = (
     _reason("gpu_idle", 0x1),
     _reason("applications_clocks_setting", 0x2),
-    _reason("sw_power_cap", 0x4, 74),
+    _reason("sw_power_cap", 0x4),
     _reason("hw_slowdown", 0x8),  # NVML has no counter for it
-    _reason("sync_boost", 0x10, 76),
-    _reason("sw_thermal_slowdown", 0x20, 269),
-    _reason("hw_thermal_slowdown", 0x40, 270),
-    _reason("hw_power_brake_slowdown", 0x80, 271),
+    _reason("sync_boost", 0x10),
+    _reason("sw_thermal_slowdown", 0x20),
+    _reason("hw_thermal_slowdown", 0x40),
+    _reason("hw_power_brake_slowdown", 0x80),
     _reason("display_clock_setting", 0x100),
 )
-_COUNTER_FIELDS = tuple(r.counter_field for r in REASONS if r.counter_field is not None)
+
+
+@dataclass
+class CounterCheck:
+    """One reason's NVML counter and what it read so far, to tell a counter from anything else."""
+
+    field: int
+    first_ns: float | None = None
+    first_time: float = 0.0
+    last_ns: float = 0.0
+
+    def problem(self, value_ns: float, now: float) -> str | None:
+        """Why this reading cannot be the counter's, or None (and it is taken)."""
+        if self.first_ns is None:
+            self.first_ns, self.first_time, self.last_ns = value_ns, now, value_ns
+            return None
+        if value_ns < self.last_ns:
+            return f"went backwards from {self.last_ns:.0f} to {value_ns:.0f} ns"
+        advanced = (value_ns - self.first_ns) * NANOSECONDS
+        wall = now - self.first_time
+        if advanced > wall * (1 + AHEAD_RATE) + AHEAD_SLACK_S:
+            return f"advanced {advanced:.3f} s in {wall:.3f} s of wall time"
+        self.last_ns = value_ns
+        return None
 
 
 class ClockEventsCollector(Collector):
@@ -62,7 +96,8 @@ class ClockEventsCollector(Collector):
     def __init__(self, device: Device, context: CollectorContext) -> None:
         super().__init__(device, context)
         self._supported: tuple[Reason, ...] | None = None
-        self._counted: frozenset[str] | None = None  # reasons whose time comes from NVML
+        self._fields: dict[str, int] = {}  # reason -> its counter's field id on this driver
+        self._counters: dict[str, CounterCheck] | None = None  # reasons timed by NVML
         self._seconds: dict[str, float] = {}
         self._last_time: float | None = None
 
@@ -73,24 +108,64 @@ class ClockEventsCollector(Collector):
             if mask is None:
                 return
             self._supported = tuple(r for r in REASONS if int(mask) & r.mask)
+            self._fields = self._driver_fields(calls)
         current = calls.get(pynvml.nvmlDeviceGetCurrentClocksEventReasons, handle)
         if current is None:
             return
         now = self.context.clock()
-        counters = calls.fields(handle, _COUNTER_FIELDS)
-        if self._counted is None:
-            self._counted = frozenset(
-                r.name for r in self._supported if r.counter_field in counters
-            )
+        values = calls.field_values(handle, tuple(sorted(set(self._fields.values()))))
+        if self._counters is None:
+            self._counters = self._choose_counters(values)
         elapsed = 0.0 if self._last_time is None else now - self._last_time
         self._last_time = now
         for reason in self._supported:
             active = bool(int(current) & reason.mask)
             out.add(ACTIVE, 1.0 if active else 0.0, reason.labels)
-            if reason.name in self._counted:
-                value = counters.get(reason.counter_field or -1)
-                if value is not None:
-                    self._seconds[reason.name] = value * NANOSECONDS
-            elif active:
+            counted = self._read_counter(reason.name, values, now)
+            if active and not counted:
                 self._seconds[reason.name] = self._seconds.get(reason.name, 0.0) + elapsed
             out.add(SECONDS, self._seconds.setdefault(reason.name, 0.0), reason.labels)
+
+    def _driver_fields(self, calls: DeviceCalls) -> dict[str, int]:
+        version = calls.get(pynvml.nvmlSystemGetDriverVersion)
+        text = version.decode() if isinstance(version, bytes) else str(version or "")
+        names = {r.name for r in self._supported or ()}
+        return {name: fid for name, fid in counter_fields(text).items() if name in names}
+
+    def _choose_counters(self, values: dict[int, FieldValue]) -> dict[str, CounterCheck]:
+        """The reasons whose counter answered on the first sample, as a 64-bit integer."""
+        chosen = {}
+        for name, fid in self._fields.items():
+            value = values.get(fid)
+            if value is None:
+                continue
+            if value.value_type not in COUNTER_VALUE_TYPES:
+                self._refuse(name, fid, f"its value type is {value.value_type}, not a counter's")
+                continue
+            chosen[name] = CounterCheck(fid)
+        return chosen
+
+    def _read_counter(self, name: str, values: dict[int, FieldValue], now: float) -> bool:
+        """Take the reason's time from its counter; False when it has none (any more)."""
+        check = (self._counters or {}).get(name)
+        if check is None:
+            return False
+        value = values.get(check.field)
+        if value is None:
+            return True  # not read this round: the total stays where it was
+        problem = check.problem(value.value, now)
+        if problem is not None:
+            self._refuse(name, check.field, problem)
+            del (self._counters or {})[name]
+            return False
+        self._seconds[name] = value.value * NANOSECONDS
+        return True
+
+    def _refuse(self, reason: str, field: int, why: str) -> None:
+        _log.warning(
+            "clock event counter refused; the reason's time is integrated from sampled flags",
+            uuid=self.device.uuid,
+            reason=reason,
+            field=field,
+            why=why,
+        )

@@ -7,7 +7,7 @@ handles its own NVML errors (logged, the thread restarted), and device discovery
 (``devices.py``) asks a few system-level functions directly.
 """
 
-from .calls import DeviceCalls, SupportRegistry
+from .calls import DeviceCalls, FieldValue, SupportRegistry
 from .errors import DeviceLost, ErrorCounter, NvmlUnavailable, error_name, value_of
 from .pool import PoolExhausted, WorkerPool
 
@@ -15,6 +15,7 @@ __all__ = [
     "DeviceCalls",
     "DeviceLost",
     "ErrorCounter",
+    "FieldValue",
     "NvmlUnavailable",
     "PoolExhausted",
     "SupportRegistry",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import pynvml
@@ -105,14 +106,7 @@ class DeviceCalls:
     def _handle(self, exc: Exception, function: str, key: str) -> None:
         """Classify an NVML error: remember NotSupported, raise DeviceLost, count the rest."""
         if is_not_supported(exc):
-            if self._support.mark_unsupported(self.uuid, key):
-                _log.info(
-                    "signal not supported; its series are omitted where unsupported",
-                    uuid=self.uuid,
-                    signal=key,
-                    collector=self.collector,
-                    error=error_name(exc),
-                )
+            self._mark_unsupported(key, exc)
             return
         if is_lost(exc):
             self._errors.add(function, error_name(exc))
@@ -125,25 +119,63 @@ class DeviceCalls:
         self.failures.append((function, error_name(exc)))
 
     def fields(self, handle: Any, field_ids: tuple[int, ...]) -> dict[int, float]:
+        """Read NVML field values as numbers; see :meth:`field_values`."""
+        return {fid: v.value for fid, v in self.field_values(handle, field_ids).items()}
+
+    def field_values(self, handle: Any, field_ids: tuple[int, ...]) -> dict[int, FieldValue]:
         """Read NVML field values; fields the device lacks are remembered and not asked again.
 
         ``nvmlDeviceGetFieldValues`` succeeds when any field was filled, so each value's own
-        ``nvmlReturn`` is checked and its union member read according to ``valueType``.
+        ``nvmlReturn`` is checked and its union member read according to ``valueType``. A
+        per-field NotSupported, FunctionNotFound or InvalidArgument (what a driver whose header
+        predates the id may answer: unverified) marks that one field unsupported for the device.
         """
         wanted = [f for f in field_ids if not self._support.is_unsupported(self.uuid, f"field{f}")]
         if not wanted:
             return {}
         values = self.get(pynvml.nvmlDeviceGetFieldValues, handle, wanted, signal="field_values")
-        result: dict[int, float] = {}
+        result: dict[int, FieldValue] = {}
         for value in values or ():
             code = int(value.nvmlReturn)
+            fid = int(value.fieldId)
             if code == pynvml.NVML_SUCCESS:
-                result[int(value.fieldId)] = _field_number(value)
-            elif code != pynvml.NVML_ERROR_NOT_FOUND:
-                self._handle(
-                    pynvml.NVMLError(code), "nvmlDeviceGetFieldValues", f"field{value.fieldId}"
+                result[fid] = FieldValue(
+                    _field_number(value), int(value.valueType), int(value.timestamp)
                 )
+            elif code in _FIELD_UNSUPPORTED:
+                self._mark_unsupported(f"field{fid}", pynvml.NVMLError(code))
+            elif code != pynvml.NVML_ERROR_NOT_FOUND:
+                self._handle(pynvml.NVMLError(code), "nvmlDeviceGetFieldValues", f"field{fid}")
         return result
+
+    def _mark_unsupported(self, key: str, exc: Exception) -> None:
+        if self._support.mark_unsupported(self.uuid, key):
+            _log.info(
+                "signal not supported; its series are omitted where unsupported",
+                uuid=self.uuid,
+                signal=key,
+                collector=self.collector,
+                error=error_name(exc),
+            )
+
+
+@dataclass(frozen=True)
+class FieldValue:
+    """One field as NVML answered it: the number, its ``nvmlValueType_t`` and its timestamp (us)."""
+
+    value: float
+    value_type: int
+    timestamp_us: int
+
+
+# Per-field answers that mean "this device or driver does not have the field": remembered.
+_FIELD_UNSUPPORTED = frozenset(
+    {
+        pynvml.NVML_ERROR_NOT_SUPPORTED,
+        pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,
+        pynvml.NVML_ERROR_INVALID_ARGUMENT,
+    }
+)
 
 
 def _field_number(value: Any) -> float:

@@ -200,6 +200,8 @@ class GpuDevice(Activity):
         self.energy_j = self.model.idle_power_w * uptime
         self.errors = MemoryErrors()
         self.recovery_action = 0
+        # field id (as the driver numbers it) -> (value, nvmlValueType_t) answered instead
+        self.field_overrides: dict[int, tuple[int, int]] = {}
 
     @property
     def gpu(self) -> GpuDevice:

@@ -175,6 +175,23 @@ def _recovery_action(body: Mapping[str, Any], path: str, gpus: Sequence[GpuSpec]
     }
 
 
+def _field_value(body: Mapping[str, Any], path: str, gpus: Sequence[GpuSpec]) -> Params:
+    """A field answers this value (until ``state: off``): a counter stuck, reset or racing."""
+    state = body.get("state", "on")
+    if isinstance(state, bool):  # YAML 1.1 reads a bare on/off as a boolean
+        state = "on" if state else "off"
+    state = s.choice(state, s.key(path, "state"), ("on", "off"))
+    if state == "on" and "value" not in body:
+        raise Invalid(s.key(path, "value"), "required key is missing")
+    return {
+        "gpus": targets(body, path, gpus),
+        "field": s.integer(body["field"], s.key(path, "field"), 1, 1023),
+        "value": s.integer(body.get("value", 0), s.key(path, "value"), -(2**63), 2**64 - 1),
+        "value_type": s.integer(body.get("value_type", 3), s.key(path, "value_type"), 0, 6),
+        "on": state == "on",
+    }
+
+
 def _allocate(body: Mapping[str, Any], path: str, gpus: Sequence[GpuSpec]) -> Params:
     from gpu_exporter.simulator.scenario import device_of
 
@@ -271,6 +288,9 @@ EVENT_TYPES: Mapping[str, EventType] = {
     "row_remap_failure": _type(_GPU, _GPU, _row_remap_failure),
     "retired_pages": _type({"gpu", "cause", "count", "pending"}, _GPU, _retired_pages),
     "recovery_action": _type({"gpu", "action"}, {"gpu", "action"}, _recovery_action),
+    "field_value": _type(
+        {"gpu", "field", "value", "value_type", "state"}, {"gpu", "field"}, _field_value
+    ),
     "allocate": _type({*ALLOCATION_KEYS, "workload"}, {"gpu", "pod"}, _allocate),
     "release": _type({"pod", "namespace", "gpu"}, {"pod"}, _release),
     "hang": _type({"function", "gpu", "duration"}, set(), _hang),

@@ -15,6 +15,7 @@ from typing import Any
 import pynvml
 
 from gpu_exporter.simulator.devices import Device, GpuDevice, MigDevice, Workload
+from gpu_exporter.simulator.drivers import field_layout
 from gpu_exporter.simulator.kmsg import (
     PROCESS_XIDS,
     XID_TEXT,
@@ -139,6 +140,8 @@ class SimulatedNode:
         self.hangs: list[Hang] = []
         self.failures: dict[tuple[str, int | None], Failure] = {}
         self.calls: Counter[str] = Counter()  # NVML C function -> times called
+        self.field_requests: Counter[int] = Counter()  # field id -> times asked
+        self.field_layout = field_layout(scenario.node.driver_version)
         self.applied: deque[dict[str, Any]] = deque(maxlen=1000)
         self.init_count = 0
         self.closed = threading.Event()
@@ -375,6 +378,13 @@ class SimulatedNode:
     def _on_recovery_action(self, p: Mapping[str, Any], t: float) -> None:
         for gpu in self._targets(p):
             gpu.recovery_action = RECOVERY_ACTIONS[p["action"]]
+
+    def _on_field_value(self, p: Mapping[str, Any], t: float) -> None:
+        for gpu in self._targets(p):
+            if p["on"]:
+                gpu.field_overrides[p["field"]] = (p["value"], p["value_type"])
+            else:
+                gpu.field_overrides.pop(p["field"], None)
 
     def _on_allocate(self, p: Mapping[str, Any], t: float) -> None:
         self._allocations.append(p["allocation"])

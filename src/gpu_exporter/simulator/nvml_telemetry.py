@@ -25,9 +25,8 @@ from gpu_exporter.simulator.nvml_base import (
 # NVML averages utilisation over its last sample period (1/6 s .. 1 s); one second here.
 UTILIZATION_WINDOW_S = 1.0
 VIDEO_CLOCK_MHZ = 1755
-# Field 230 (GPU recovery action) answers on drivers from this major version (an assumption).
-RECOVERY_ACTION_MIN_DRIVER = 555
-# Clock-event counter fields (nanoseconds) and the reasons they count.
+# Clock-event counter fields (nanoseconds) and the reasons they count, by the newest header's ids
+# (the driver's own ids are translated first: see data/drivers.yaml).
 COUNTER_FIELDS = {
     74: ("sw_power_cap",),
     75: ("sw_thermal_slowdown", "hw_thermal_slowdown"),
@@ -39,6 +38,10 @@ COUNTER_FIELDS = {
     270: ("hw_thermal_slowdown",),
     271: ("hw_power_brake_slowdown",),
 }
+# Power-smoothing fields (Blackwell; answered only by models that list them): plausible settings
+# as unsigned ints (value type unverified): enabled, privilege level, immediate ramp-down,
+# active preset profile, admin override %TMP floor, admin override ramp-up rate (mW/s).
+POWER_SMOOTHING_VALUES = {251: 1, 252: 0, 253: 0, 264: 0, 265: 0, 266: 5_000_000}
 MEMORY_TEMP_FIELD = 82
 RECOVERY_ACTION_FIELD = 230
 # Supported clock-event reasons: every bit but "display clock setting" on headless parts.
@@ -167,6 +170,7 @@ class TelemetryFunctions(FunctionsBase):
         for i in range(int(val(count))):
             field = array[i]
             field.timestamp, field.latencyUsec = stamp, 0
+            self.node.field_requests[int(field.fieldId)] += 1
             if isinstance(device, MigDevice):
                 field.nvmlReturn = NOT_SUPPORTED
             else:
@@ -174,25 +178,28 @@ class TelemetryFunctions(FunctionsBase):
         return SUCCESS
 
     def _field(self, gpu: GpuDevice, field: Any) -> None:
-        fid = int(field.fieldId)
-        supported = set(gpu.model.field_ids)
-        if self.node.scenario.node.driver_major >= RECOVERY_ACTION_MIN_DRIVER:
-            supported.add(RECOVERY_ACTION_FIELD)
+        """One field as this driver numbers it (``data/drivers.yaml``), then as the model has it."""
+        asked = int(field.fieldId)
+        fid = self.node.field_layout.canonical(asked)
         field.nvmlReturn = SUCCESS
-        if fid not in supported:
+        if fid is None:
+            field.nvmlReturn = INVALID_ARGUMENT  # an id this driver's header does not define
+        elif fid not in gpu.model.field_ids and fid != RECOVERY_ACTION_FIELD:
             field.nvmlReturn = NOT_SUPPORTED
         elif fid in COUNTER_FIELDS:
             seconds = sum(gpu.reason_seconds.get(r, 0.0) for r in COUNTER_FIELDS[fid])
-            field.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
-            field.value.ullVal = int(seconds * 1e9)
+            _set(field, pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, int(seconds * 1e9))
         elif fid == MEMORY_TEMP_FIELD:
-            field.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
-            field.value.uiVal = gpu.temperature_c(self.now()) + 6
+            _set(field, pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, gpu.temperature_c(self.now()) + 6)
         elif fid == RECOVERY_ACTION_FIELD:
-            field.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
-            field.value.uiVal = gpu.recovery_action
+            _set(field, pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, gpu.recovery_action)
+        elif fid in POWER_SMOOTHING_VALUES:
+            _set(field, pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, POWER_SMOOTHING_VALUES[fid])
         else:
             field.nvmlReturn = NOT_SUPPORTED
+        override = gpu.field_overrides.get(asked)
+        if override is not None and field.nvmlReturn == SUCCESS:
+            _set(field, override[1], override[0])
 
     # ------------------------------------------------------------------ ECC and memory repair
 
@@ -294,6 +301,17 @@ class TelemetryFunctions(FunctionsBase):
             info.gpuInstanceId = mig.spec.gpu_instance_id if mig else NO_INSTANCE
             info.computeInstanceId = 0 if mig else NO_INSTANCE
         return SUCCESS
+
+
+def _set(field: Any, value_type: int, value: int) -> None:
+    """Fill a field's value union the way NVML does: ``valueType`` names the member."""
+    field.valueType = value_type
+    member = _MEMBERS[value_type]
+    setattr(field.value, member, float(value) if member == "dVal" else int(value))
+
+
+# nvmlValueType_t -> c_nvmlValue_t member.
+_MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
 
 
 def _fits(count: Any, array: Any, needed: int) -> bool:
