@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -55,3 +57,29 @@ def promtool_check_metrics(body: str) -> None:
         [promtool, "check", "metrics"], input=body, capture_output=True, text=True, check=False
     )
     assert result.returncode == 0, f"promtool check metrics: {result.stdout}{result.stderr}"
+
+
+@pytest.fixture(autouse=True)
+def collectors_never_raise(
+    monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> Iterator[None]:
+    """A collector that raises something other than an NVML error is a bug: the exporter logs
+    its traceback and carries on, and the test that met it fails (unless marked collector_bug)."""
+    from gpu_exporter.sampler import Sampler
+
+    if request.node.get_closest_marker("collector_bug"):
+        yield
+        return
+
+    raised: list[str] = []
+    original = Sampler._collector_raised
+
+    def record(self: Sampler, job: Any, exc: BaseException) -> None:
+        raised.append(f"{job.name} on {job.calls.uuid}: {exc!r}")
+        original(self, job, exc)
+
+    monkeypatch.setattr(Sampler, "_collector_raised", record)
+    yield
+    assert not raised, "a collector raised (a programming error, not an NVML error): " + "; ".join(
+        raised
+    )

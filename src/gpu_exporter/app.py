@@ -25,7 +25,7 @@ from .sampler import Sampler
 from .xid import XidSubsystem
 
 if TYPE_CHECKING:  # imported when built: grpc costs ~17 MB RSS, not paid with --no-allocation
-    from .allocation import AllocationSubsystem
+    from .allocation.subsystem import AllocationSubsystem
 
 _log = get_logger("app")
 
@@ -203,7 +203,7 @@ def _simulated_kubelet(simulation: Any) -> Any:
 def _build_allocation(
     config: Config, sampler: Sampler, pool: WorkerPool, kubelet: Any
 ) -> AllocationSubsystem:
-    from .allocation import AllocationSubsystem
+    from .allocation.subsystem import AllocationSubsystem
 
     socket, proc, logs = config.pod_resources_socket, config.proc_path, config.pod_logs_path
     if kubelet is not None:

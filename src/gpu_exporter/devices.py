@@ -51,6 +51,27 @@ class DeviceId:
         return label_string(pairs)
 
 
+def activity_source_name(device: DeviceId) -> str:
+    """Which activity source ``device`` uses (``gpu_info``'s ``activity_source``): ``gpm`` or
+    ``none``. Decided once per device at discovery; the one place that answers it."""
+    return "gpm" if device.gpm_supported else "none"
+
+
+def idle_activity_source(device: DeviceId) -> str:
+    """What idle accounting judges ``device`` by: its activity source (SM activity), else NVML
+    utilisation on a whole GPU; ``none`` on a MIG instance without an activity source."""
+    source = activity_source_name(device)
+    if source != "none":
+        return source
+    return "none" if device.is_mig else "utilization"
+
+
+def idle_source_label(device: DeviceId) -> str:
+    """``gpu_info``'s ``idle_source``: ``sm_active``, ``utilization`` or ``none``."""
+    source = idle_activity_source(device)
+    return "sm_active" if source in ("gpm", "dcgm") else source
+
+
 @dataclass(eq=False)
 class Device:
     """A device as this process sees it: identity plus its (process-local) NVML handle."""

@@ -5,9 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 
 from . import __version__
-from .allocation import idle_activity_source
-from .collectors.activity import activity_source_name
-from .devices import Device, SystemInfo
+from .devices import Device, SystemInfo, activity_source_name, idle_source_label
 from .exposition import Sample, gauge, join_labels, label_string
 
 BUILD_INFO = gauge(
@@ -39,16 +37,10 @@ def gpu_info(device: Device, driver_version: str) -> Sample:
             "driver_version": driver_version,
             "mig_mode": device.id.mig_mode,
             "activity_source": activity_source_name(device.id),
-            "idle_source": _idle_source(device),
+            "idle_source": idle_source_label(device.id),
         }
     )
     return Sample(GPU_INFO, join_labels(device.id.labels, extra), 1.0)
-
-
-def _idle_source(device: Device) -> str:
-    """What allocation accounting judges idleness by: SM activity, else NVML utilisation."""
-    source = idle_activity_source(device.id)
-    return "sm_active" if source in ("gpm", "dcgm") else source
 
 
 def mig_info(device: Device) -> Sample:

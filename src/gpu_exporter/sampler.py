@@ -32,6 +32,7 @@ from .collectors import ALL_COLLECTORS, Cadence, Collector, CollectorContext, Sa
 from .config import Config
 from .devices import Device, DeviceId, Gpu, SystemInfo, discover_gpu, read_system_info
 from .exposition import Exposition, Family, Sample, counter, gauge, label_string, render
+from .families import SOURCE_UP, source_up
 from .ledger import ActivityLedger
 from .logs import RateLimiter, get_logger
 from .nvml import (
@@ -57,7 +58,6 @@ SAMPLE_AGE = gauge(
     "gpu_exporter_sample_age_seconds",
     "Age of the collector's oldest device sample now served, in seconds (grows while it fails).",
 )
-SOURCE_UP = gauge("gpu_exporter_source_up", "1 when the data source answers, else 0.")
 NVML_ERRORS = counter(
     "gpu_exporter_nvml_errors_total", "NVML calls that failed, by function and error."
 )
@@ -170,6 +170,7 @@ class Sampler:
         self._support = SupportRegistry()
         self._errors = ErrorCounter()
         self._log_limiter = RateLimiter(period=60.0, clock=clock)
+        self._raised: set[tuple[str, type[BaseException]]] = set()
         self._sources: list[SampleSource] = []
         self._identity_cache: dict[DeviceId, Sample] = {}
         self._collector_labels = {
@@ -457,13 +458,7 @@ class Sampler:
             return
         if exc is not None:
             job.ok = False
-            self._log_once(
-                (job.name, job.calls.uuid, type(exc).__name__),
-                "collector failed",
-                collector=job.name,
-                uuid=job.calls.uuid,
-                error=repr(exc),
-            )
+            self._collector_raised(job, exc)
             return
         outcome = future.result()
         job.samples = outcome.samples
@@ -478,6 +473,27 @@ class Sampler:
                 uuid=job.calls.uuid,
                 failures=[f"{function}: {error}" for function, error in outcome.failures],
             )
+
+    def _collector_raised(self, job: Job, exc: BaseException) -> None:
+        """A collector raised something that is not an NVML error: a bug. Its traceback is logged
+        once per (collector, exception type); repeats are rate-limited one-line warnings."""
+        key = (job.name, type(exc))
+        if key not in self._raised:
+            self._raised.add(key)
+            _log.error(
+                "collector raised; this is a bug",
+                collector=job.name,
+                uuid=job.calls.uuid,
+                exc_info=exc,
+            )
+            return
+        self._log_once(
+            (job.name, job.calls.uuid, type(exc).__name__),
+            "collector failed",
+            collector=job.name,
+            uuid=job.calls.uuid,
+            error=repr(exc),
+        )
 
     def _give_up(self, job: Job) -> None:
         function = job.calls.current_function or "unknown"
@@ -669,7 +685,7 @@ class Sampler:
             yield Sample(COLLECTOR_DURATION, labels, sum(j.duration for j in jobs))
             ages = [now - (j.last_success or now) for j in jobs]
             yield Sample(SAMPLE_AGE, labels, max(ages, default=0.0))
-        yield Sample(SOURCE_UP, label_string({"source": "nvml"}), 1.0 if self._nvml_up else 0.0)
+        yield source_up("nvml", self._nvml_up)
         for (function, error), count in sorted(self._errors.snapshot().items()):
             yield Sample(NVML_ERRORS, label_string({"function": function, "error": error}), count)
         yield Sample(HUNG_CALLS, "", float(self._pool.abandoned_count))

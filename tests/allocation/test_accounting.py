@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gpu_exporter.allocation.accounting import IdleAccountant, PodUsage, idle_activity_source
-from gpu_exporter.devices import DeviceId
+from gpu_exporter.allocation.accounting import IdleAccountant, PodUsage
+from gpu_exporter.devices import DeviceId, idle_activity_source
 from gpu_exporter.ledger import ActivityKind, ActivityLedger
 
 from .helpers import GPU_A, GPU_B, GPU_C, MIG_B1, FakeClock

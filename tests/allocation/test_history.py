@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpu_exporter.allocation import AllocationSubsystem
 from gpu_exporter.allocation.history import HolderHistory
 from gpu_exporter.allocation.processes import GpuProcess
+from gpu_exporter.allocation.subsystem import AllocationSubsystem
 from gpu_exporter.devices import Device
 from gpu_exporter.ledger import ActivityLedger
 from gpu_exporter.nvml import WorkerPool

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from gpu_exporter.allocation import AllocationSubsystem
+from gpu_exporter.allocation.subsystem import AllocationSubsystem
 from gpu_exporter.collectors import Cadence, collector_names
 from gpu_exporter.config import Config
 from gpu_exporter.nvml import WorkerPool

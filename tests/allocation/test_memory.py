@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from gpu_exporter.allocation import AllocationSubsystem
 from gpu_exporter.allocation.processes import GpuProcess, NvmlProcessLister
+from gpu_exporter.allocation.subsystem import AllocationSubsystem
 from gpu_exporter.devices import Device
 from gpu_exporter.ledger import ActivityLedger
 from gpu_exporter.nvml import WorkerPool

@@ -7,8 +7,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from gpu_exporter.allocation import AllocationSubsystem
 from gpu_exporter.allocation.server import ALLOCATABLE_DISABLED
+from gpu_exporter.allocation.subsystem import AllocationSubsystem
 from gpu_exporter.ledger import ActivityLedger
 from gpu_exporter.nvml import WorkerPool
 

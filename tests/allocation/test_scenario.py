@@ -14,7 +14,7 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from gpu_exporter.allocation import AllocationSubsystem
+from gpu_exporter.allocation.subsystem import AllocationSubsystem
 from gpu_exporter.collectors.activity import ActivityCollector
 from gpu_exporter.collectors.base import Collector, CollectorContext, SampleWriter
 from gpu_exporter.collectors.utilization import UtilizationCollector

@@ -20,21 +20,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
-from ..collectors.activity import activity_source_name
-from ..devices import DeviceId
+from ..devices import DeviceId, idle_activity_source
 from ..ledger import ActivityKind, ActivityLedger, ActivityPoint
 from .model import PodKey
-
-
-def idle_activity_source(device: DeviceId) -> str:
-    """What idle accounting uses on ``device``: ``gpm`` (SM activity), ``utilization``, ``none``.
-
-    Feeds ``gpu_info``'s ``idle_source`` label, so the fallback is visible there.
-    """
-    source = activity_source_name(device)
-    if source != "none":
-        return source
-    return "none" if device.is_mig else "utilization"
 
 
 def _kind_for(device: DeviceId) -> ActivityKind | None:

@@ -29,10 +29,10 @@ from typing import Any, Protocol, TypeVar
 from ..config import Config
 from ..devices import Device, DeviceId
 from ..exposition import Family, Sample, join_labels, label_string
+from ..families import SOURCE_UP
 from ..ledger import ActivityLedger
 from ..logs import RateLimiter, get_logger
 from ..nvml import ErrorCounter, PoolExhausted
-from ..sampler import SOURCE_UP
 from .accounting import IdleAccountant
 from .cgroups import PodName
 from .history import HolderHistory

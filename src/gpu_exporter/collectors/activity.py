@@ -14,7 +14,7 @@ from typing import Any
 
 import pynvml
 
-from ..devices import Device, DeviceId
+from ..devices import Device, activity_source_name
 from ..exposition import counter, gauge
 from ..ledger import ActivityKind
 from ..nvml import DeviceCalls
@@ -68,11 +68,6 @@ class ActivitySource(ABC):
 
     def close(self, calls: DeviceCalls) -> None:  # noqa: B027 - optional hook
         """Release what the source holds."""
-
-
-def activity_source_name(device_id: DeviceId) -> str:
-    """The label ``gpu_info`` reports: decided once per device at discovery."""
-    return "gpm" if device_id.gpm_supported else "none"
 
 
 _GPM_METRICS = (

@@ -1,6 +1,7 @@
 """The NVML boundary for sampling: every collector's NVML call goes through ``DeviceCalls``.
 
 ``calls.py`` runs a call and maps NVML's errors to counted outcomes (unsupported, lost, other);
+anything that is not an NVML error propagates, so a programming error stays loud;
 ``errors.py`` names NVML's error codes; ``pool.py`` is the worker pool that keeps blocking NVML
 calls off the event loop. Not here: the NVML event thread for Xids (``xid/nvml_events.py``)
 handles its own NVML errors (logged, the thread restarted), and device discovery

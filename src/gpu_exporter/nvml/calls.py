@@ -11,6 +11,7 @@ import pynvml
 
 from ..logs import get_logger
 from .errors import (
+    NVML_ERRORS,
     DeviceLost,
     ErrorCounter,
     error_name,
@@ -97,7 +98,7 @@ class DeviceCalls:
         self.current_function = function
         try:
             return fn(*args)
-        except Exception as exc:
+        except NVML_ERRORS as exc:
             self._handle(exc, function, key)
             return None
         finally:

@@ -5,8 +5,11 @@
 - GpuIsLost (and ResetRequired): the device is gone. Raise :class:`DeviceLost` so the sampler
   marks that GPU down and re-probes it with backoff, while every other GPU carries on.
 - NotFound: "no data right now" for the calls that use it (empty MIG slots, no process samples).
-- Anything else: count it in ``gpu_exporter_nvml_errors_total{function,error}``, omit that one
-  series, and mark the collector failed for this sample (logged, rate-limited, by the sampler).
+- Any other NVML error: count it in ``gpu_exporter_nvml_errors_total{function,error}``, omit that
+  one series, and mark the collector failed for this sample (logged, rate-limited, by the sampler).
+- Anything that is not an NVML error (a wrong-arity call, a typo in a collector) is not caught:
+  it propagates to the sampler's collector failure path, which logs its traceback once per
+  (collector, exception type). Programming errors stay loud and fail the tests.
 """
 
 from __future__ import annotations
@@ -33,6 +36,14 @@ _UNAVAILABLE = frozenset(
 )
 
 
+# What the boundary catches: NVML's errors, and pynvml's "the loaded library lacks this
+# versioned symbol" (a plain Exception subclass). Anything else is a bug and propagates.
+_MISMATCH: type[Exception] | None = getattr(pynvml, "NVMLLibraryMismatchError", None)
+NVML_ERRORS: tuple[type[Exception], ...] = (
+    (pynvml.NVMLError,) if _MISMATCH is None else (pynvml.NVMLError, _MISMATCH)
+)
+
+
 def nvml_code(exc: BaseException) -> int | None:
     if not isinstance(exc, pynvml.NVMLError):
         return None
@@ -56,8 +67,7 @@ class DeviceLost(RuntimeError):
 def is_not_supported(exc: BaseException) -> bool:
     # A versioned symbol the loaded library lacks (pynvml raises a plain Exception for it) means,
     # like FunctionNotFound, that this driver does not have the function.
-    mismatch = getattr(pynvml, "NVMLLibraryMismatchError", None)
-    if mismatch is not None and isinstance(exc, mismatch):
+    if _MISMATCH is not None and isinstance(exc, _MISMATCH):
         return True
     return nvml_code(exc) in _NOT_SUPPORTED
 

@@ -23,8 +23,8 @@ from typing import Any
 from ..config import Config
 from ..devices import Device, DeviceId
 from ..exposition import Family, Sample, counter, gauge, label_string
+from ..families import SOURCE_UP, source_up
 from ..logs import get_logger
-from ..sampler import SOURCE_UP
 from .classes import CLASSES, Classifier, load_classifier
 from .core import (
     IGNORED_REASONS,
@@ -379,7 +379,7 @@ class XidSubsystem:
         out += self._drain_samples(published)
         out += _unidentified_drain_samples(published, unidentified)
         for source, up in sorted(self._up.items()):
-            out.append(Sample(SOURCE_UP, label_string({"source": source}), 1.0 if up else 0.0))
+            out.append(source_up(source, up))
         out.append(Sample(JOURNAL_OK, "", 1.0 if published.journal_ok else 0.0))
         for operation in JOURNAL_OPERATIONS:
             labels = label_string({"operation": operation})
