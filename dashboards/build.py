@@ -480,7 +480,10 @@ def node() -> dict[str, Any]:
         ),
         Panel(
             "timeseries",
-            "Clock-event (throttle) time by reason",
+            # Not stacked: reasons overlap, and hw_slowdown is set together with
+            # hw_thermal_slowdown and hw_power_brake_slowdown (nvml.h), so a stack would count
+            # one slowdown twice.
+            "Clock-event (throttle) time by reason (overlapping)",
             [
                 Query(
                     'rate(gpu_clocks_event_seconds_total{reason!="gpu_idle", '
@@ -492,7 +495,7 @@ def node() -> dict[str, Any]:
                 )
             ],
             "percentunit",
-            stack=True,
+            max=1,
             width=12,
         ),
         Row("MIG"),

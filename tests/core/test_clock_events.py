@@ -146,3 +146,27 @@ def test_a_malformed_table_names_the_line() -> None:
         parse_table(text, "t.tsv")
     with pytest.raises(CounterTableError, match="ascend"):
         parse_table("from_driver\ta\n580\t1\n575\t2\n", "t.tsv")
+
+
+@pytest.mark.parametrize("cause", ["hw_thermal_slowdown", "hw_power_brake_slowdown"])
+async def test_hw_slowdown_is_set_with_its_thermal_and_power_brake_sub_reasons(cause: str) -> None:
+    async with simulated_sampler(node("580.95.05")) as sim:
+        await sim.fast_round()
+        sim.inject({"type": "throttle", "gpu": 0, "reason": cause})
+        first = await sim.fast_round()
+        later = await sim.fast_round(4.0)
+    active = "gpu_clocks_event_active"
+    assert one(later, active, reason=cause) == 1
+    assert one(later, active, reason="hw_slowdown") == 1, "HwSlowdown nests its sub-reasons"
+    assert one(later, active, reason="sw_thermal_slowdown") == 0
+    for reason in (cause, "hw_slowdown"):
+        assert seconds(later, reason) - seconds(first, reason) == pytest.approx(4.0)
+
+
+async def test_hw_slowdown_alone_leaves_its_sub_reasons_clear() -> None:
+    async with simulated_sampler(node("580.95.05")) as sim:
+        sim.inject({"type": "throttle", "gpu": 0, "reason": "hw_slowdown"})
+        series = await sim.fast_round()
+    assert one(series, "gpu_clocks_event_active", reason="hw_slowdown") == 1
+    assert one(series, "gpu_clocks_event_active", reason="hw_thermal_slowdown") == 0
+    assert one(series, "gpu_clocks_event_active", reason="hw_power_brake_slowdown") == 0

@@ -31,6 +31,11 @@ CLOCK_FACTORS = {
     "display_clock_setting": 1.0,
 }
 THERMAL_REASONS = frozenset({"sw_thermal_slowdown", "hw_thermal_slowdown"})
+# nvml.h documents HwSlowdown (0x8) as an indicator of, among others, a too-high temperature and
+# an external power brake: it is set with HwThermalSlowdown (0x40) and HwPowerBrakeSlowdown (0x80),
+# as nvidia-smi -q shows "HW Slowdown: Active" beside either. Alone it stands for the other causes
+# (power draw too high, fast-trigger protection), which the throttle event hw_slowdown models.
+HW_SLOWDOWN_CAUSES = frozenset({"hw_thermal_slowdown", "hw_power_brake_slowdown"})
 # Typical bus numbers of an 8-GPU HGX board, so bus ids look like the real thing.
 HGX_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
 
@@ -274,6 +279,8 @@ class GpuDevice(Activity):
         mask = 0
         for reason in self.throttles:
             mask |= THROTTLE_REASONS[reason]
+        if self.throttles & HW_SLOWDOWN_CAUSES:
+            mask |= THROTTLE_REASONS["hw_slowdown"]
         return mask | (THROTTLE_REASONS["gpu_idle"] if self.idle_now(t) else 0)
 
     # ------------------------------------------------------------------ memory and workloads
