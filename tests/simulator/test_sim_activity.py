@@ -179,3 +179,22 @@ def test_idle_gpu_reports_gpu_idle(make_node: MakeNode, clock: FakeClock) -> Non
     clock.advance(95)
     (low_utilization,) = pynvml.nvmlDeviceGetFieldValues(handle, [78])
     assert low_utilization.value.ullVal == pytest.approx(60 * 10**9, rel=1e-9)
+
+
+def test_gpm_refuses_samples_100_ms_apart_or_closer_and_reversed(
+    make_node: MakeNode, clock: FakeClock
+) -> None:
+    make_node("gpus: [H100-SXM-80GB]\nworkloads: [{gpu: 0, sm: 0.5}]")
+    first, second = pynvml.nvmlGpmSampleAlloc(), pynvml.nvmlGpmSampleAlloc()
+    pynvml.nvmlGpmSampleGet(gpu0(), first)
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        metric_value(first, first, SM_UTIL)  # one sample is no interval
+    clock.advance(0.05)
+    pynvml.nvmlGpmSampleGet(gpu0(), second)
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        metric_value(first, second, SM_UTIL)  # 50 ms: too close for GPM
+    clock.advance(1.0)
+    pynvml.nvmlGpmSampleGet(gpu0(), second)
+    assert metric_value(first, second, SM_UTIL) == pytest.approx(50.0)
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        metric_value(second, first, SM_UTIL)  # reversed: never sorted behind the caller's back

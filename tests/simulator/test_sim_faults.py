@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import threading
 import time
 from collections.abc import Callable
@@ -263,3 +264,12 @@ def test_a_counted_gpu_is_lost_error_switches_itself_off(make_node: MakeNode) ->
     assert power_outcomes(1, 4) == ["NVMLError_GpuIsLost"] * 2 + ["ok"] * 2
     assert pynvml.nvmlDeviceGetTemperature(handle(1), 0) > 0, "other functions still answer"
     assert not node.failures, "a spent injection is removed"
+
+
+def test_a_wrong_memory_v2_struct_version_answers_function_not_found(make_node: MakeNode) -> None:
+    make_node("gpus: [H100-SXM-80GB]")
+    memory = pynvml.c_nvmlMemory_v2_t()
+    memory.version = pynvml.nvmlMemory_v2 + 1
+    function = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetMemoryInfo_v2")
+    code = function(handle(0), ctypes.byref(memory))
+    assert code == pynvml.NVML_ERROR_FUNCTION_NOT_FOUND, "as real drivers answered, not 25"

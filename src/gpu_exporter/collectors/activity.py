@@ -96,7 +96,9 @@ class GpmSource(ActivitySource):
             self._buffers = [calls.get(pynvml.nvmlGpmSampleAlloc) for _ in range(2)]
         if any(buffer is None for buffer in self._buffers):
             return None
-        if self._previous is not None and self._clock() - self._previous[1] < _GPM_MIN_SPACING:
+        # Measured from after the previous sample to before this one: never more than the true
+        # spacing, so a round that passes this check never gets GPM's too-close refusal.
+        if self._previous is not None and self._clock() - self._previous[1] <= _GPM_MIN_SPACING:
             return None
         sample = self._buffers[0] if self._previous is None else self._other(self._previous[0])
         if not self._take(calls, sample):

@@ -17,6 +17,15 @@ RESERVED = gauge(
     "gpu_memory_reserved_bytes", "Framebuffer memory reserved by the driver and firmware, in bytes."
 )
 
+# Real drivers have answered FunctionNotFound (13), not ArgumentVersionMismatch, when they do not
+# take the nvmlMemory_v2 struct version the binding sends: the log line says so.
+_V2_EXPLAINED = (
+    f"nvmlDeviceGetMemoryInfo_v2 with struct version {pynvml.nvmlMemory_v2:#010x}: a driver "
+    "answers FunctionNotFound also for a struct version it does not take (nvidia-ml-py newer "
+    "or older than the driver); memory is read with v1 instead, which counts reserved memory "
+    "as used, and gpu_memory_reserved_bytes is omitted until the driver or binding match"
+)
+
 
 class MemoryCollector(Collector):
     name = "memory"
@@ -28,7 +37,11 @@ class MemoryCollector(Collector):
     def collect(self, calls: DeviceCalls, out: SampleWriter) -> None:
         handle = self.device.handle
         info: Any = calls.get(
-            pynvml.nvmlDeviceGetMemoryInfo, handle, pynvml.nvmlMemory_v2, signal="memory_v2"
+            pynvml.nvmlDeviceGetMemoryInfo,
+            handle,
+            pynvml.nvmlMemory_v2,
+            signal="memory_v2",
+            explain=_V2_EXPLAINED,
         )
         if info is None:  # drivers and MIG handles without v2 still answer v1
             info = calls.get(pynvml.nvmlDeviceGetMemoryInfo, handle, signal="memory_v1")

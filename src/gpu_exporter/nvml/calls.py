@@ -85,11 +85,19 @@ class DeviceCalls:
         self.current_function: str | None = None
         self.failures: list[tuple[str, str]] = []
 
-    def get(self, fn: Callable[..., T], *args: Any, signal: str | None = None) -> T | None:
+    def get(
+        self,
+        fn: Callable[..., T],
+        *args: Any,
+        signal: str | None = None,
+        explain: str | None = None,
+    ) -> T | None:
         """Call ``fn(*args)``; None when the device lacks the signal or has no data right now.
 
         ``signal`` names the capability for the NotSupported memory when one function serves
         several (e.g. ECC counters by error and counter type); it defaults to the function name.
+        ``explain`` is added to the one log line when the signal is found missing: what the
+        answer can also mean and what is lost (a versioned struct the driver does not take).
         """
         function = fn.__name__
         key = signal or function
@@ -99,15 +107,15 @@ class DeviceCalls:
         try:
             return fn(*args)
         except NVML_ERRORS as exc:
-            self._handle(exc, function, key)
+            self._handle(exc, function, key, explain)
             return None
         finally:
             self.current_function = None
 
-    def _handle(self, exc: Exception, function: str, key: str) -> None:
+    def _handle(self, exc: Exception, function: str, key: str, explain: str | None = None) -> None:
         """Classify an NVML error: remember NotSupported, raise DeviceLost, count the rest."""
         if is_not_supported(exc):
-            self._mark_unsupported(key, exc)
+            self._mark_unsupported(key, exc, explain)
             return
         if is_lost(exc):
             self._errors.add(function, error_name(exc))
@@ -149,14 +157,16 @@ class DeviceCalls:
                 self._handle(pynvml.NVMLError(code), "nvmlDeviceGetFieldValues", f"field{fid}")
         return result
 
-    def _mark_unsupported(self, key: str, exc: Exception) -> None:
+    def _mark_unsupported(self, key: str, exc: Exception, explain: str | None = None) -> None:
         if self._support.mark_unsupported(self.uuid, key):
+            extra = {"why": explain} if explain else {}
             _log.info(
                 "signal not supported; its series are omitted where unsupported",
                 uuid=self.uuid,
                 signal=key,
                 collector=self.collector,
                 error=error_name(exc),
+                **extra,
             )
 
 

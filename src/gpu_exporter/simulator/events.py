@@ -251,6 +251,10 @@ NVML_ERROR_CODES: Mapping[str, int] = {
     "memory": 20,
     "no_data": 21,
     "gpu_is_lost": 15,  # from one function only: the GPU still answers the others
+    "invalid_argument": 2,
+    "not_supported": 3,
+    "function_not_found": 13,  # also a real driver's answer to a struct version it does not take
+    "argument_version_mismatch": 25,
 }
 
 

@@ -13,6 +13,7 @@ from gpu_exporter.simulator.errors import NvmlFailure
 from gpu_exporter.simulator.node import NO_INSTANCE
 from gpu_exporter.simulator.nvml_base import (
     ARGUMENT_VERSION_MISMATCH,
+    FUNCTION_NOT_FOUND,
     INSUFFICIENT_SIZE,
     INVALID_ARGUMENT,
     NOT_SUPPORTED,
@@ -71,7 +72,9 @@ class TelemetryFunctions(FunctionsBase):
         total, reserved, used = self._memory(handle)
         result = out(memory)
         if result.version != pynvml.nvmlMemory_v2:
-            raise NvmlFailure(ARGUMENT_VERSION_MISMATCH)
+            # What real drivers answered for a wrong nvmlMemory_v2 version (issue 21's audit of
+            # released drivers; not ArgumentVersionMismatch, which other versioned calls use).
+            raise NvmlFailure(FUNCTION_NOT_FOUND)
         result.total, result.reserved, result.used = total, reserved, used
         result.free = total - reserved - used
         return SUCCESS
