@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: run test lint system-deps bench soak demo lock sync-monitoring proto fuzz clean
+.PHONY: run test lint system-deps bench soak demo lock sync-monitoring proto fuzz screenshot clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,14 +23,15 @@ run: $(STAMP)
 		exec $(BIN)/gpu-exporter --simulate $(ARGS); \
 	fi
 
-## system-deps: Prometheus and Alertmanager binaries for the rule and end-to-end tests
+## system-deps: Prometheus and Alertmanager binaries for the rule and end-to-end tests, and
+## Chromium for the status page's browser test
 system-deps:
-	@if command -v promtool >/dev/null && command -v amtool >/dev/null; then exit 0; fi; \
+	@if command -v promtool >/dev/null && command -v amtool >/dev/null && command -v chromium >/dev/null; then exit 0; fi; \
 	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-			prometheus prometheus-alertmanager >/dev/null; \
+			prometheus prometheus-alertmanager chromium >/dev/null; \
 	else \
-		echo "warning: promtool/amtool missing (apt-get install prometheus prometheus-alertmanager);" \
+		echo "warning: promtool/amtool/chromium missing (apt-get install prometheus prometheus-alertmanager chromium);" \
 		     "tests that need them are skipped (they fail under CI=true)"; \
 	fi
 
@@ -73,6 +74,10 @@ bench: $(STAMP)
 ## lost or double-counted Xid, a scrape error or RSS growth (ARGS='--duration 60' for a smoke run)
 soak: $(STAMP)
 	$(BIN)/python bench/soak.py $(ARGS)
+
+## screenshot: regenerate docs/images/status-page.png (the status page in headless Chromium)
+screenshot: $(STAMP) system-deps
+	$(BIN)/python -m tests.status.screenshot
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -135,7 +135,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         print("gpu-exporter demo is running (Ctrl-C stops it)\n")
         for exporter in exporters:
-            print(f"  exporter {exporter.name:<10} http://{exporter.address}/metrics")
+            print(
+                f"  exporter {exporter.name:<10} http://{exporter.address}/metrics"
+                f"  (status page: http://{exporter.address}/)"
+            )
         print(f"  Prometheus          {prometheus.url}  (alerts: {prometheus.url}/alerts)")
         print(f"  Alertmanager        {alertmanager.url}")
         print(f"  Dashboards          import {DASHBOARDS}/*.json into Grafana, with a Prometheus")

@@ -137,7 +137,7 @@ async def test_health_readiness_and_landing_page(client: aiohttp.ClientSession) 
     async with client.get("/") as response:
         page = await response.text()
     assert __version__ in page
-    assert page.count("GPU-") == 8
+    assert page.count('data-kind="gpu"') == 8, "the status page has a row per GPU"
     assert "3g.40gb" in page
 
 

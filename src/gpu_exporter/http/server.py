@@ -1,8 +1,8 @@
-"""HTTP endpoints: ``/metrics`` from cached bytes, ``/healthz``, ``/readyz`` and a landing page."""
+"""HTTP endpoints: ``/metrics`` from cached bytes, ``/healthz``, ``/readyz``, and the node status
+page (``/``, ``/status.json``) built from the same render."""
 
 from __future__ import annotations
 
-import html
 from collections.abc import Iterable
 from typing import Any
 
@@ -16,9 +16,14 @@ from ..exposition import (
     wants_openmetrics,
 )
 from ..sampler import Sampler
+from .status import StatusPage
 from .webguard import RequestGuard
 
 SAMPLER_KEY: web.AppKey[Sampler] = web.AppKey("sampler", Sampler)
+STATUS_KEY: web.AppKey[StatusPage] = web.AppKey("status", StatusPage)
+# ?refresh=N on the status page: a person watching a node, not a poller (that is /status.json).
+MIN_REFRESH_SECONDS = 2
+MAX_REFRESH_SECONDS = 3600
 # Request heads are a few hundred bytes (Prometheus sends ~6 headers); aiohttp answers a longer
 # line or field with 400 and more headers with 400 before any handler runs.
 MAX_LINE_BYTES = 8190
@@ -36,10 +41,12 @@ def make_web_app(
     if guard is not None:
         guard.install(app)
     app[SAMPLER_KEY] = sampler
+    app[STATUS_KEY] = StatusPage(sampler, __version__)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
-    app.router.add_get("/", landing)
+    app.router.add_get("/", status_page)
+    app.router.add_get("/status.json", status_json)
     app.router.add_routes(list(extra_routes))
     return app
 
@@ -85,22 +92,23 @@ async def readyz(request: web.Request) -> web.Response:
     return web.Response(status=503, text="first sample not complete\n")
 
 
-async def landing(request: web.Request) -> web.Response:
-    sampler = request.app[SAMPLER_KEY]
-    system = sampler.system
-    rows = "".join(
-        f"<tr><td>{device.id.index}</td><td>{html.escape(device.uuid)}</td>"
-        f"<td>{html.escape(device.id.mig_profile or device.id.model)}</td></tr>"
-        for device in sampler.devices()
-    )
-    driver = html.escape(system.driver_version) if system else "unknown"
-    page = f"""<!doctype html>
-<html><head><meta charset="utf-8"><title>gpu-exporter</title></head>
-<body><h1>gpu-exporter {html.escape(__version__)}</h1>
-<p>Driver {driver}. Ready: {"yes" if sampler.ready else "no"}.</p>
-<p><a href="/metrics">/metrics</a> · <a href="/healthz">/healthz</a> ·
-<a href="/readyz">/readyz</a></p>
-<table><tr><th>gpu</th><th>uuid</th><th>model / MIG profile</th></tr>{rows}</table>
-</body></html>
-"""
-    return web.Response(text=page, content_type="text/html")
+async def status_page(request: web.Request) -> web.Response:
+    """The node at a glance, from the last render: no NVML call (docs/status.md)."""
+    raw = request.query.get("refresh")
+    refresh = None
+    if raw is not None:
+        if not raw.isdigit() or not MIN_REFRESH_SECONDS <= int(raw) <= MAX_REFRESH_SECONDS:
+            return web.Response(
+                status=400,
+                text=f"refresh: want whole seconds from {MIN_REFRESH_SECONDS} to "
+                f"{MAX_REFRESH_SECONDS}, got {raw[:20]!r}\n",
+            )
+        refresh = int(raw)
+    body = request.app[STATUS_KEY].html(refresh)
+    return web.Response(body=body, content_type="text/html", charset="utf-8")
+
+
+async def status_json(request: web.Request) -> web.Response:
+    """The status page's data for scripts (schema: ``gpu_exporter/data/status.schema.json``)."""
+    body = request.app[STATUS_KEY].json()
+    return web.Response(body=body, content_type="application/json", charset="utf-8")

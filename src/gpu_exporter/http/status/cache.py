@@ -1,0 +1,71 @@
+"""One status render per exposition render, whatever the number of viewers."""
+
+from __future__ import annotations
+
+import json
+from typing import Protocol
+
+from ...exposition import Exposition
+from .model import NodeStatus, build_status
+from .page import render_html, to_json
+from .reader import read_exposition
+
+MAX_CACHED_PAGES = 4
+
+
+class StatusView(Protocol):
+    """What the page needs from the sampler: its last render and its health, all in memory."""
+
+    @property
+    def exposition(self) -> Exposition: ...
+
+    @property
+    def ready(self) -> bool: ...
+
+    def healthy(self) -> bool: ...
+
+    def problems(self) -> list[str]: ...
+
+
+class StatusPage:
+    """Builds the page from the sampler's last exposition and keeps it until the next render or
+    a change of health; the HTML for each ``refresh`` value asked for is kept alongside."""
+
+    def __init__(self, view: StatusView, version: str) -> None:
+        self._view = view
+        self._version = version
+        self._exposition: Exposition | None = None
+        self._key: tuple[object, ...] = ()
+        self._status: NodeStatus | None = None
+        self._html: dict[int | None, bytes] = {}
+        self._json: bytes = b""
+
+    def status(self) -> NodeStatus:
+        view = self._view
+        exposition = view.exposition
+        key = (view.ready, view.healthy(), tuple(view.problems()))
+        if self._status is None or exposition is not self._exposition or key != self._key:
+            self._status = build_status(
+                read_exposition(exposition.text.decode()),
+                version=self._version,
+                ready=key[0],
+                healthy=key[1],
+                problems=key[2],
+            )
+            self._exposition, self._key, self._html, self._json = exposition, key, {}, b""
+        return self._status
+
+    def html(self, refresh: int | None) -> bytes:
+        status = self.status()
+        body = self._html.get(refresh)
+        if body is None:
+            if len(self._html) >= MAX_CACHED_PAGES:  # one per refresh value asked for: bounded
+                self._html.clear()
+            body = self._html[refresh] = render_html(status, refresh=refresh).encode()
+        return body
+
+    def json(self) -> bytes:
+        status = self.status()
+        if not self._json:
+            self._json = json.dumps(to_json(status), indent=1).encode() + b"\n"
+        return self._json
