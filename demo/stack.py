@@ -82,8 +82,9 @@ def shorten_rules(
     longest_for: str = "1s",
     idle_threshold_seconds: float | None = None,
 ) -> dict[str, Any]:
-    """A copy of a rule file with every range and offset set to ``window``, ``for:`` capped at
-    ``longest_for`` and, when given, the idle-allocation threshold replaced.
+    """A copy of a rule file with every range and offset set to ``window``, ``for:`` and
+    ``keep_firing_for:`` capped at ``longest_for`` and, when given, the idle-allocation
+    threshold replaced.
 
     The rule names stay (``...:rate5m`` then means "over ``window``"): it is the same expressions
     on a time scale a test can wait for.
@@ -106,10 +107,11 @@ def shorten_rules(
             if rule.get("record") == IDLE_THRESHOLD_RULE and idle_threshold_seconds is not None:
                 expr = f"vector({idle_threshold_seconds:g})"
             rule["expr"] = expr
-            if "for" in rule:
-                original = rule["for"]
-                seconds = _duration_seconds(original[:-1], original[-1]) if original else 0
-                rule["for"] = f"{min(seconds, cap_s)}s"
+            for key in ("for", "keep_firing_for"):
+                if key in rule:
+                    original = rule[key]
+                    seconds = _duration_seconds(original[:-1], original[-1]) if original else 0
+                    rule[key] = f"{min(seconds, cap_s)}s"
     return out
 
 

@@ -33,6 +33,7 @@ from ..families import SOURCE_UP
 from ..ledger import ActivityLedger
 from ..logs import RateLimiter, get_logger
 from ..nvml import ErrorCounter, PoolExhausted
+from ..ticks import ticks
 from .accounting import IdleAccountant
 from .cgroups import PodName
 from .history import HolderHistory
@@ -228,15 +229,13 @@ class AllocationSubsystem:
         self.update()
 
     async def _every(self, interval: float, step: Callable[[], Coroutine[Any, Any, None]]) -> None:
-        loop = asyncio.get_running_loop()
-        next_tick = loop.time()
-        while not self._stopping:
+        async for _ in ticks(interval):
+            if self._stopping:
+                return
             try:
                 await step()
             except Exception:  # a bug in one step must not stop the loop for good
                 _log.exception("allocation step failed", step=getattr(step, "__name__", "?"))
-            next_tick = max(next_tick + interval, loop.time())
-            await asyncio.sleep(next_tick - loop.time())
 
     def _set_down(self, reason: str) -> None:
         if self._up:

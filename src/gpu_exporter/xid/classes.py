@@ -51,6 +51,10 @@ class Classifier:
         self._table = dict(table)
         self._overridden = overridden
 
+    def known(self, xid: int) -> bool:
+        """Whether the table (or a site override) names this code."""
+        return xid in self._table
+
     def entry(self, xid: int) -> XidClass:
         return self._table.get(xid, XidClass("unknown", UNKNOWN_ACTION, "not in the catalog"))
 

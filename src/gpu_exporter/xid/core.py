@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from ..devices import DeviceId
 from ..logs import RateLimiter, get_logger
+from .bounds import LabelBounds
 from .classes import Classifier
 from .journal import Journal
 from .parser import SxidLine, text_hash
@@ -101,6 +102,7 @@ class Published:
     kmsg_lost: float = 0.0
     unparsed: float = 0.0
     ignored: Mapping[str, float] = field(default_factory=dict)  # kernel-log records, by reason
+    folded: Mapping[str, float] = field(default_factory=dict)  # label values beyond a cap
     journal_ok: bool = False
     journal_errors: Mapping[str, float] = field(default_factory=dict)  # by operation
 
@@ -126,6 +128,7 @@ class XidCore:
         self._kmsg_lost = 0
         self._unparsed = 0
         self._ignored: Counter[str] = Counter({reason: 0 for reason in IGNORED_REASONS})
+        self._bounds = LabelBounds(classifier.known)
         self._limiter = RateLimiter(period=60.0)
         self.published = Published()
         # Called (from whichever thread made the change) after each publication.
@@ -206,14 +209,19 @@ class XidCore:
         if not prepared:
             return
         outcomes: list[bool] = []
+        counted_labels: list[CountKey | None] = []
         with self._lock:
             applied: list[Op] = []
             for obs, labels in prepared:
                 if isinstance(obs, SxidObservation):
-                    applied += self._apply([_sxid_op(obs)])
+                    key = self._bounds.sxid(obs.line, self._state.sxid_last)
+                    applied += self._apply([_sxid_op(obs, key)])
                     outcomes.append(True)
+                    counted_labels.append(None)
                     continue
                 assert labels is not None
+                labels = self._bounds.xid(labels, obs.xid, self._state.last_seen)
+                counted_labels.append(labels)
                 # Applied one by one: a later report in the same batch may be this one's twin.
                 op = self._decide(obs, labels)
                 counted = op["op"] == "count"
@@ -222,7 +230,7 @@ class XidCore:
                 if not counted:
                     self._duplicates[obs.source] += 1
             self._persist(applied)
-        for (obs, labels), counted in zip(prepared, outcomes, strict=True):
+        for (obs, _), labels, counted in zip(prepared, counted_labels, outcomes, strict=True):
             if isinstance(obs, SxidObservation):
                 _log_sxid(obs)
             elif not counted:
@@ -257,7 +265,8 @@ class XidCore:
         if twin is not None:
             op = {"op": "dup", "r": twin, "c": obs.channel, "k": position}
         else:
-            recent = [self._state.next_id, obs.dedup_key, [obs.channel]]
+            # The raw code last: the label may be "other"; an older exporter ignores it.
+            recent = [self._state.next_id, obs.dedup_key, [obs.channel], obs.xid]
             op = {"op": "count", "l": list(labels), "w": obs.when, "r": recent, "k": position}
         _mark(op, obs.kmsg, obs.kmsg_mark, obs.raw)
         return op
@@ -300,17 +309,27 @@ class XidCore:
     def expire_pod_series(self, retention: float) -> None:
         """Withdraw the series of pods whose latest Xid is older than ``retention`` seconds, so
         that pod churn does not grow the exposition (and the journal) for ever. Their counts stay
-        in ``gpu_xid_class_errors_total``; a later Xid of the same pod starts a new series."""
+        in ``gpu_xid_class_errors_total``; a later Xid of the same pod starts a new series.
+        NVSwitch SXid series (no pod) go the same way after their latest SXid."""
         with self._lock:
-            expired = self._state.expirable(self._clock() - retention)
-            if expired:
-                self._apply([{"op": "expire", "l": list(labels)} for labels in expired])
+            before = self._clock() - retention
+            expired = self._state.expirable(before)
+            sxids = self._state.sxid_expirable(before)
+            if expired or sxids:
+                ops: list[Op] = [{"op": "expire", "l": list(labels)} for labels in expired]
+                ops += [{"op": "sxid_expire", "l": list(key)} for key in sxids]
+                self._apply(ops)
                 # Into a snapshot rather than the log: an older exporter reads the snapshot
                 # (showing the series again) where an unknown op would stop its replay.
                 self._journal.compact(self._state.to_snapshot())
                 self._publish()
-        if expired:
-            _log.info("pod Xid series expired", series=len(expired), retention_s=retention)
+        if expired or sxids:
+            _log.info(
+                "Xid series expired",
+                series=len(expired),
+                sxid_series=len(sxids),
+                retention_s=retention,
+            )
 
     # -- drain latches ---------------------------------------------------------------------------
 
@@ -385,6 +404,7 @@ class XidCore:
             kmsg_lost=float(self._kmsg_lost),
             unparsed=float(self._unparsed),
             ignored={reason: float(n) for reason, n in self._ignored.items()},
+            folded={label: float(n) for label, n in self._bounds.folded.items()},
             journal_ok=self._journal.ok,
             journal_errors={op: float(n) for op, n in self._journal.errors.items()},
         )
@@ -407,11 +427,10 @@ class XidCore:
             self._journal.close()
 
 
-def _sxid_op(obs: SxidObservation) -> Op:
-    line = obs.line
+def _sxid_op(obs: SxidObservation, key: SxidKey) -> Op:
     op: Op = {
         "op": "sxid",
-        "l": [line.switch, line.bus_id, str(line.sxid), line.severity],
+        "l": list(key),
         "w": obs.when,
         "k": list(obs.kmsg) if obs.kmsg is not None else None,
     }
@@ -450,7 +469,7 @@ def _log_xid(obs: Observation, labels: CountKey) -> None:
         "gpu": gpu,
         "uuid": uuid,
         "pci_bus_id": obs.bus_id,
-        "xid": int(xid),
+        "xid": obs.xid,
         "class": xid_class,
         "action": action,
         "pid": obs.pid,
@@ -471,4 +490,6 @@ def _log_xid(obs: Observation, labels: CountKey) -> None:
         fields["kernel_usec"] = obs.kmsg_mark[0]
     if not uuid:
         fields["unmatched_bus_id"] = True
+    if xid != str(obs.xid):
+        fields["xid_label"] = xid  # folded: beyond the GPU's cap of unknown codes
     getattr(_log, _LEVEL_BY_CLASS.get(xid_class, "warning"))("xid", **fields)

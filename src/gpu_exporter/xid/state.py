@@ -145,6 +145,10 @@ class XidState:
             if (key[5] or key[6]) and when < before and key in self.counts
         ]
 
+    def sxid_expirable(self, before: float) -> list[SxidKey]:
+        """The SXid series whose latest event is older than ``before``."""
+        return [key for key, when in self.sxid_last.items() if when < before]
+
     def class_totals(self) -> dict[ClassKey, float]:
         """Xids counted per (gpu, uuid, class), expired pod series included."""
         totals = dict(self.expired)
@@ -193,7 +197,8 @@ class XidState:
         self.count_last[labels] = max(when, self.count_last.get(labels, when))
         last_key = labels[:4]
         self.last_seen[last_key] = max(when, self.last_seen.get(last_key, when))
-        self.recent.append(Recent(int(recent[0]), str(recent[1]), int(labels[2]), when, channels))
+        xid = int(recent[3]) if len(recent) > 3 else int(labels[2])  # the label may be "other"
+        self.recent.append(Recent(int(recent[0]), str(recent[1]), xid, when, channels))
         self.next_id = max(self.next_id, int(recent[0]) + 1)
         self._prune(when)
 
@@ -223,6 +228,13 @@ class XidState:
         if value:
             key = (labels[0], labels[1], labels[3])
             self.expired[key] = self.expired.get(key, 0.0) + value
+
+    def _sxid_expire(self, op: Mapping[str, Any]) -> None:
+        """An NVSwitch's SXid series leaves the exposition (retention, as for pod series)."""
+        switch, bus_id, sxid, severity = (str(value) for value in op["l"])
+        key = (switch, bus_id, sxid, severity)
+        self.sxid_counts.pop(key, None)
+        self.sxid_last.pop(key, None)
 
     def _latch(self, op: Mapping[str, Any]) -> None:
         uuid, reason = str(op["u"]), str(op["why"])
@@ -373,6 +385,7 @@ _HANDLERS = {
     "dup": XidState._dup,
     "sxid": XidState._sxid,
     "expire": XidState._expire,
+    "sxid_expire": XidState._sxid_expire,
     "latch": XidState._latch,
     "boot": XidState._boot,
 }

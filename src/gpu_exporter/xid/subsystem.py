@@ -25,6 +25,7 @@ from ..devices import Device, DeviceId
 from ..exposition import Family, Sample, counter, gauge, label_string
 from ..families import SOURCE_UP, source_up
 from ..logs import get_logger
+from .bounds import FOLDED_LABELS
 from .classes import CLASSES, Classifier, load_classifier
 from .core import (
     IGNORED_REASONS,
@@ -104,6 +105,12 @@ IGNORED = counter(
     "process, which only the kernel facility is not; counted when it names an Xid or SXid), "
     "oversized (a file or FIFO line longer than the kernel's longest record, dropped).",
 )
+FOLDED = counter(
+    "gpu_exporter_xid_label_values_folded_total",
+    'Xids and SXids counted under "other" because a label had too many values: label xid (an '
+    "unknown code beyond the GPU's first 8), sxid (beyond an NVSwitch's first 64 codes), "
+    "pci_bus_id (beyond 16 NVSwitches). The raw values are in the events' log lines.",
+)
 UNPARSED = counter(
     "gpu_exporter_xid_unparsed_lines_total",
     "Kernel log lines that mention an Xid or an NVSwitch SXid but could not be parsed.",
@@ -131,6 +138,7 @@ FAMILIES: tuple[Family, ...] = (
     DUPLICATES,
     KMSG_LOST,
     IGNORED,
+    FOLDED,
     UNPARSED,
 )
 COUNT_LABELS = ("gpu", "uuid", "xid", "class", "action", "namespace", "pod")
@@ -393,6 +401,9 @@ class XidSubsystem:
                 labels = label_string({"reason": reason})
                 out.append(Sample(IGNORED, labels, published.ignored.get(reason, 0.0)))
             out.append(Sample(UNPARSED, "", published.unparsed))
+        for label in FOLDED_LABELS:
+            labels = label_string({"label": label})
+            out.append(Sample(FOLDED, labels, published.folded.get(label, 0.0)))
         return out
 
     def _class_samples(self, published: Published) -> list[Sample]:

@@ -1,42 +1,25 @@
-"""The sampler: runs every collector on every device at its cadence, off the event loop.
-
-Each (collector, device) pair is a *job*. A round submits the due jobs to the worker pool and
-waits at most ``min(nvml_timeout, interval)``; a job still running then is abandoned (its thread is
-replaced), counted as a timeout against the NVML function it was stuck in, and skipped in later
-rounds until its call returns. Its last good samples stay in the exposition, and
-``gpu_exporter_sample_age_seconds`` shows how old they are. So a hung call delays nothing else:
-not other devices, not other collectors, not scrapes (which only ever read cached bytes).
-
-A job that meets GpuIsLost makes its GPU *suspect*; the next fast round probes it. A GPU that
-cannot even be looked up by index is lost: marked down (``gpu_up 0``), its series withdrawn, and
-re-probed with exponential backoff until it answers (a reset). One that can is not: only that read
-failed. The other GPUs carry on untouched either way.
-"""
+"""Rounds: the :class:`Sampler` runs every collector on every device at its cadence, off the
+event loop, and renders the exposition after each round (see the package docstring)."""
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import suppress
-from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Protocol
+from typing import Any
 
 import pynvml
 
-from . import identity
-from .collectors import ALL_COLLECTORS, Cadence, Collector, CollectorContext, SampleWriter
-from .config import Config
-from .devices import Device, DeviceId, Gpu, SystemInfo, discover_gpu, read_system_info
-from .exposition import Exposition, Family, Sample, counter, gauge, label_string, render
-from .families import SOURCE_UP, source_up
-from .ledger import ActivityLedger
-from .logs import RateLimiter, get_logger
-from .nvml import (
-    DeviceCalls,
+from ..collectors import ALL_COLLECTORS, Cadence, Collector, CollectorContext
+from ..config import Config
+from ..devices import Device, DeviceId, Gpu, SystemInfo, discover_gpu, read_system_info
+from ..exposition import Exposition, Sample, render
+from ..ledger import ActivityLedger
+from ..logs import RateLimiter, get_logger
+from ..nvml import (
     DeviceLost,
     ErrorCounter,
     NvmlUnavailable,
@@ -45,109 +28,16 @@ from .nvml import (
     WorkerPool,
     error_name,
 )
-from .nvml.errors import is_unavailable
+from ..nvml.errors import is_unavailable
+from ..ticks import ticks
+from .health import loops_healthy, problems
+from .jobs import Job, JobOutcome, Pending, make_jobs, run_job, settle
+from .liveness import GpuState, Liveness
+from .rendering import IdentityCache, all_samples, family_order
+from .selfmetrics import SelfMetrics
+from .sources import DeviceListener, SampleSource
 
-COLLECTOR_SUCCESS = gauge(
-    "gpu_exporter_collector_success", "1 when the collector's last run succeeded on every device."
-)
-COLLECTOR_DURATION = gauge(
-    "gpu_exporter_collector_duration_seconds",
-    "Time the collector's last run spent on worker threads, summed over devices, in seconds.",
-)
-SAMPLE_AGE = gauge(
-    "gpu_exporter_sample_age_seconds",
-    "Age of the collector's oldest device sample now served, in seconds (grows while it fails).",
-)
-NVML_ERRORS = counter(
-    "gpu_exporter_nvml_errors_total", "NVML calls that failed, by function and error."
-)
-HUNG_CALLS = gauge(
-    "gpu_exporter_nvml_hung_calls", "NVML calls given up on after the timeout and still running."
-)
-SELF_FAMILIES = (
-    COLLECTOR_SUCCESS,
-    COLLECTOR_DURATION,
-    SAMPLE_AGE,
-    SOURCE_UP,
-    NVML_ERRORS,
-    HUNG_CALLS,
-)
-
-MAX_PROBE_BACKOFF = 60.0
 _log = get_logger("sampler")
-
-
-class DeviceListener(Protocol):
-    """Told of hardware conditions the sampler sees: lost and recovered GPUs (on the event
-    loop), and failed row remaps (from a worker thread, on every slow round while it stands)."""
-
-    def device_lost(self, gpu: DeviceId) -> None: ...
-
-    def device_recovered(self, gpu: DeviceId) -> None:
-        """A GPU confirmed lost answers again: it was reset (or the node rebooted)."""
-
-    def note_remap_failure(self, device: DeviceId) -> None: ...
-
-
-class SampleSource(Protocol):
-    """Series that other parts (Xid, allocation) add to the exposition; read on the event loop."""
-
-    families: Sequence[Family]
-
-    def samples(self) -> Iterable[Sample]: ...
-
-
-@dataclass
-class JobOutcome:
-    samples: list[Sample]
-    duration: float
-    failures: list[tuple[str, str]]
-
-
-@dataclass(frozen=True)
-class _Pending:
-    """What to do with submitted work when it finishes, or when the round gives up on it."""
-
-    finished: Callable[[concurrent.futures.Future[Any]], None]
-    late: Callable[[], None]
-
-
-@dataclass(eq=False)
-class Job:
-    collector: Collector
-    calls: DeviceCalls
-    future: concurrent.futures.Future[JobOutcome] | None = None
-    samples: list[Sample] = field(default_factory=list)
-    ok: bool = True
-    duration: float = 0.0
-    last_success: float | None = None
-
-    @property
-    def name(self) -> str:
-        return self.collector.name
-
-    @property
-    def hung(self) -> bool:
-        return self.future is not None and not self.future.done()
-
-
-@dataclass(eq=False)
-class GpuState:
-    index: int
-    gpu: Gpu | None
-    up: bool = True
-    jobs: list[Job] = field(default_factory=list)
-    backoff: float = 1.0
-    next_probe: float = 0.0
-    # A call answered GpuIsLost; the next fast round's probe (handle lookup by index) decides
-    # whether the GPU is lost: a GPU that fell off the bus cannot even be looked up.
-    suspect: bool = False
-    discovery: concurrent.futures.Future[Gpu] | None = None  # a probe or inventory refresh
-
-    @property
-    def up_labels(self) -> str:
-        uuid = self.gpu.device.uuid if self.gpu else ""
-        return label_string({"gpu": str(self.index), "uuid": uuid})
 
 
 class Sampler:
@@ -172,10 +62,8 @@ class Sampler:
         self._log_limiter = RateLimiter(period=60.0, clock=clock)
         self._raised: set[tuple[str, type[BaseException]]] = set()
         self._sources: list[SampleSource] = []
-        self._identity_cache: dict[DeviceId, Sample] = {}
-        self._collector_labels = {
-            c.name: label_string({"collector": c.name}) for c in self._collector_types
-        }
+        self._identities = IdentityCache()
+        self._self_metrics = SelfMetrics(c.name for c in self._collector_types)
         self._listeners: list[DeviceListener] = []
         self._system: SystemInfo | None = None
         self._gpus: list[GpuState] = []
@@ -183,7 +71,7 @@ class Sampler:
         self._round_counts = dict.fromkeys(Cadence, 0)
         self._last_round_end: float | None = None
         self._exposition = render([], ())
-        self._family_order = self._all_families()
+        self._family_order = family_order(self._collector_types, self._sources)
         self._rendered = asyncio.Event()
         self._nvml_up = False
 
@@ -231,7 +119,7 @@ class Sampler:
 
     def add_source(self, source: SampleSource) -> None:
         self._sources.append(source)
-        self._family_order = self._all_families()
+        self._family_order = family_order(self._collector_types, self._sources)
 
     # -- what the HTTP side reads ------------------------------------------------------------
 
@@ -263,35 +151,14 @@ class Sampler:
 
     def healthy(self) -> bool:
         """The sampler is alive: its loops run and the fast round completed recently."""
-        if not self._tasks or any(task.done() for task in self._tasks):
-            return False
-        if self._last_round_end is None:
-            return True  # still in the first round
-        stall_limit = max(5 * self._config.fast_interval, 10.0)
-        return self._clock() - self._last_round_end < stall_limit
+        return loops_healthy(
+            self._tasks, self._last_round_end, self._clock(), self._config.fast_interval
+        )
 
     def problems(self) -> list[str]:
         """What is degraded now, a line each (for ``/healthz``): lost GPUs, hung NVML calls and
         failing collectors. None of them makes the sampler unhealthy; the other GPUs carry on."""
-        now = self._clock()
-        lines = []
-        for state in self._gpus:
-            if not state.up:
-                lines.append(f"gpu {state.index}: lost; re-probing")
-                continue
-            for job in state.jobs:
-                where = f"gpu {state.index} {job.calls.uuid} {job.name}"
-                age = (
-                    "never sampled"
-                    if job.last_success is None
-                    else (f"serving samples {now - job.last_success:.0f} s old")
-                )
-                if job.hung:
-                    function = job.calls.current_function or "an NVML call"
-                    lines.append(f"{where}: {function} hung; {age}")
-                elif not job.ok:
-                    lines.append(f"{where}: failing; {age}")
-        return lines
+        return problems(self._gpus, self._clock())
 
     async def wait_for_render(self) -> None:
         """Wait for the next render (tests and callers that need fresh data await this)."""
@@ -321,41 +188,21 @@ class Sampler:
             gpu = await self._blocking(self._discovery(index), self._config.init_timeout)
         except (DeviceLost, TimeoutError) as exc:
             _log.error("gpu did not answer at startup; will re-probe", gpu=index, error=str(exc))
-            state = GpuState(index, None, up=False)
-            self._schedule_probe(state)
+            state = GpuState(index, None, Liveness.LOST)
+            state.schedule_probe(self._clock())
             return state
         state = GpuState(index, gpu)
         state.jobs = self._make_jobs(gpu)
         return state
 
     def _make_jobs(self, gpu: Gpu) -> list[Job]:
-        jobs = []
-        for device in gpu.devices():
-            for collector_type in self._collector_types:
-                if collector_type.applies_to(device):
-                    collector = collector_type(device, self._context)
-                    calls = DeviceCalls(
-                        device.uuid,
-                        self._support,
-                        self._errors,
-                        collector=collector.name,
-                        lost_uuid=device.gpu_uuid,
-                    )
-                    jobs.append(Job(collector, calls))
-        return jobs
+        return make_jobs(gpu, self._collector_types, self._context, self._support, self._errors)
 
     # -- rounds ------------------------------------------------------------------------------
 
     async def _loop(self, cadence: Cadence, interval: float) -> None:
-        loop = asyncio.get_running_loop()
-        next_tick = loop.time()
-        while True:
+        async for _ in ticks(interval):
             await self.sample_round(cadence)
-            next_tick += interval
-            now = loop.time()
-            if next_tick < now:  # overran: skip missed ticks rather than burst
-                next_tick = now
-            await asyncio.sleep(next_tick - now)
 
     async def sample_round(self, cadence: Cadence) -> None:
         """Sample every device for one cadence, then render the exposition."""
@@ -373,44 +220,19 @@ class Sampler:
 
     async def _round(self, cadence: Cadence, interval: float) -> None:
         """Submit this cadence's work, wait a bounded time, then settle what finished or hung."""
-        work: dict[concurrent.futures.Future[Any], _Pending] = {}
+        work: dict[concurrent.futures.Future[Any], Pending] = {}
         if cadence is Cadence.FAST:
             self._submit_probes(work)
         else:
             self._submit_inventory(work)
         self._submit_jobs(cadence, work)
-        if not work:
-            return
-        # Wake the event loop once, when the last piece of work finishes, not once per job: a
-        # per-job asyncio future costs a self-pipe write, a loop iteration and a GIL hand-off.
-        loop = asyncio.get_running_loop()
-        all_done: asyncio.Future[None] = loop.create_future()
-        remaining = len(work)
-        lock = threading.Lock()
-
-        def one_done(_: concurrent.futures.Future[Any]) -> None:
-            nonlocal remaining
-            with lock:
-                remaining -= 1
-                last = remaining == 0
-            if last:
-                loop.call_soon_threadsafe(_resolve, all_done)
-
-        for future in list(work):
-            future.add_done_callback(one_done)
-        with suppress(TimeoutError):
-            await asyncio.wait_for(all_done, min(self._config.nvml_timeout, interval))
-        for future, pending in work.items():
-            if future.done():
-                pending.finished(future)
-            else:
-                pending.late()
+        await settle(work, min(self._config.nvml_timeout, interval))
 
     def _submit(
         self,
         fn: Callable[[], Any],
-        work: dict[concurrent.futures.Future[Any], _Pending],
-        pending: _Pending,
+        work: dict[concurrent.futures.Future[Any], Pending],
+        pending: Pending,
     ) -> concurrent.futures.Future[Any] | None:
         try:
             future = self._pool.submit(fn)
@@ -421,7 +243,7 @@ class Sampler:
         return future
 
     def _submit_jobs(
-        self, cadence: Cadence, work: dict[concurrent.futures.Future[Any], _Pending]
+        self, cadence: Cadence, work: dict[concurrent.futures.Future[Any], Pending]
     ) -> None:
         for state in self._gpus:
             if not state.up:
@@ -434,9 +256,9 @@ class Sampler:
                     continue
                 job.calls.failures = []
                 job.future = self._submit(
-                    partial(_run, job),
+                    partial(run_job, job),
                     work,
-                    _Pending(partial(self._finish, state, job), partial(self._give_up, job)),
+                    Pending(partial(self._finish, state, job), partial(self._give_up, job)),
                 )
                 if job.future is None:
                     job.ok = False
@@ -447,8 +269,7 @@ class Sampler:
         exc = future.exception()
         if isinstance(exc, DeviceLost):
             job.ok = False
-            if state.up and not state.suspect:
-                state.suspect = True  # confirmed or dismissed by the next fast round's probe
+            if state.suspect_loss():  # confirmed or dismissed by the next fast round's probe
                 self._log_once(
                     ("suspect", state.index),
                     "gpu may be lost; probing it",
@@ -513,12 +334,8 @@ class Sampler:
     # -- lost GPUs and inventory changes ----------------------------------------------------
 
     def _mark_lost(self, state: GpuState, exc: DeviceLost) -> None:
-        if not state.up:
+        if not state.lose(self._clock()):
             return
-        state.up = False
-        state.backoff = 1.0
-        state.suspect = False
-        self._schedule_probe(state)
         _log.error("gpu lost; its series are withdrawn", gpu=state.index, function=exc.function)
         self._close_jobs(state.jobs)
         state.jobs = []
@@ -528,22 +345,16 @@ class Sampler:
             lost = state.gpu.device.id
             self._tell_listeners(lambda listener: listener.device_lost(lost))
 
-    def _schedule_probe(self, state: GpuState) -> None:
-        state.next_probe = self._clock() + state.backoff
-        state.backoff = min(state.backoff * 2, MAX_PROBE_BACKOFF)
-
-    def _submit_probes(self, work: dict[concurrent.futures.Future[Any], _Pending]) -> None:
+    def _submit_probes(self, work: dict[concurrent.futures.Future[Any], Pending]) -> None:
         """Probe lost GPUs when their backoff allows, and suspect ones at once."""
         now = self._clock()
         for state in self._gpus:
-            busy = state.discovery is not None and not state.discovery.done()
-            due = state.suspect or (not state.up and now >= state.next_probe)
-            if busy or not due:
+            if state.discovering or not state.probe_due(now):
                 continue
             state.discovery = self._submit(
                 self._discovery(state.index),
                 work,
-                _Pending(partial(self._probe_result, state), partial(self._probe_late, state)),
+                Pending(partial(self._probe_result, state), partial(self._probe_late, state)),
             )
 
     def _probe_result(self, state: GpuState, future: concurrent.futures.Future[Gpu]) -> None:
@@ -552,11 +363,11 @@ class Sampler:
             self._confirm(state, exc)
             return
         if exc is not None:
-            self._schedule_probe(state)
+            state.schedule_probe(self._clock())
             return
         gpu = future.result()
         self._support.forget(gpu.device.uuid)
-        state.gpu, state.up, state.backoff = gpu, True, 1.0
+        state.recover(gpu)
         state.jobs = self._make_jobs(gpu)
         _log.info("gpu is back", gpu=state.index, uuid=gpu.device.uuid)
         back = gpu.device.id
@@ -564,10 +375,10 @@ class Sampler:
 
     def _confirm(self, state: GpuState, exc: BaseException | None) -> None:
         """Settle a suspected loss with the probe's answer."""
-        state.suspect = False
         if isinstance(exc, DeviceLost):
             self._mark_lost(state, exc)
             return
+        state.dismiss()
         self._log_once(
             ("dismissed", state.index),
             "a call answered GpuIsLost but the GPU still answers; not treated as lost",
@@ -578,23 +389,22 @@ class Sampler:
     def _probe_late(self, state: GpuState) -> None:
         self._abandon_discovery(state)
         if not state.suspect:  # a suspect GPU is probed again next round
-            self._schedule_probe(state)
+            state.schedule_probe(self._clock())
 
     def _abandon_discovery(self, state: GpuState) -> None:
         """A hung discovery is skipped until it returns; the next round tries again."""
         if state.discovery is not None:
             self._pool.abandon(state.discovery)
 
-    def _submit_inventory(self, work: dict[concurrent.futures.Future[Any], _Pending]) -> None:
+    def _submit_inventory(self, work: dict[concurrent.futures.Future[Any], Pending]) -> None:
         """Rediscover each GPU so a MIG reconfiguration is picked up (applied when it returns)."""
         for state in self._gpus:
-            busy = state.discovery is not None and not state.discovery.done()
-            if not state.up or state.gpu is None or busy:
+            if not state.up or state.gpu is None or state.discovering:
                 continue
             state.discovery = self._submit(
                 self._discovery(state.index),
                 work,
-                _Pending(
+                Pending(
                     partial(self._apply_inventory, state, state.gpu),
                     partial(self._abandon_discovery, state),
                 ),
@@ -614,7 +424,7 @@ class Sampler:
             return
         _log.info("device layout changed", gpu=state.index, devices=len(list(gpu.devices())))
         self._close_jobs(state.jobs)
-        self._identity_cache.clear()  # rebuilt on the next render; drops vanished instances
+        self._identities.clear()
         state.gpu, state.jobs = gpu, self._make_jobs(gpu)
 
     def _remap_failed(self, device: DeviceId) -> None:
@@ -651,53 +461,15 @@ class Sampler:
         self._rendered.set()
 
     def _collect_samples(self) -> Iterator[Sample]:
-        yield identity.build_info(self._system)
-        for state in self._gpus:
-            if state.gpu is not None:
-                devices = state.gpu.devices() if state.up else iter((state.gpu.device,))
-                yield from map(self._identity_sample, devices)
-            yield identity.up_sample(state.up_labels, state.up)
-        for state in self._gpus:
-            for job in state.jobs:
-                yield from job.samples
-        for source in self._sources:
-            yield from source.samples()
-        yield from self._self_samples()
-
-    def _identity_sample(self, device: Device) -> Sample:
-        """``gpu_info``/``gpu_mig_info``, built once per device identity, not on every render."""
-        sample = self._identity_cache.get(device.id)
-        if sample is None:
-            driver = self._system.driver_version if self._system else ""
-            sample = next(identity.identity_samples((device,), driver))
-            self._identity_cache[device.id] = sample
-        return sample
-
-    def _self_samples(self) -> Iterator[Sample]:
-        now = self._clock()
-        by_collector: dict[str, list[Job]] = {c.name: [] for c in self._collector_types}
-        for state in self._gpus:
-            for job in state.jobs:
-                by_collector[job.name].append(job)
-        for name, jobs in by_collector.items():
-            labels = self._collector_labels[name]
-            yield Sample(COLLECTOR_SUCCESS, labels, 1.0 if all(j.ok for j in jobs) else 0.0)
-            yield Sample(COLLECTOR_DURATION, labels, sum(j.duration for j in jobs))
-            ages = [now - (j.last_success or now) for j in jobs]
-            yield Sample(SAMPLE_AGE, labels, max(ages, default=0.0))
-        yield source_up("nvml", self._nvml_up)
-        for (function, error), count in sorted(self._errors.snapshot().items()):
-            yield Sample(NVML_ERRORS, label_string({"function": function, "error": error}), count)
-        yield Sample(HUNG_CALLS, "", float(self._pool.abandoned_count))
-
-    def _all_families(self) -> list[Family]:
-        families: list[Family] = list(identity.FAMILIES)
-        for collector_type in self._collector_types:
-            families.extend(collector_type.families)
-        for source in self._sources:
-            families.extend(source.families)
-        families.extend(SELF_FAMILIES)
-        return families
+        jobs = (job for state in self._gpus for job in state.jobs)
+        self_samples = self._self_metrics.samples(
+            jobs,
+            self._clock(),
+            nvml_up=self._nvml_up,
+            errors=self._errors,
+            hung_calls=self._pool.abandoned_count,
+        )
+        return all_samples(self._system, self._gpus, self._identities, self._sources, self_samples)
 
     # -- helpers -----------------------------------------------------------------------------
 
@@ -713,16 +485,3 @@ class Sampler:
         suppressed = self._log_limiter.allow(key)
         if suppressed is not None:
             _log.warning(event, suppressed=suppressed, **fields)
-
-
-def _run(job: Job) -> JobOutcome:
-    """The worker-thread side of a job."""
-    started = time.perf_counter()
-    writer = SampleWriter(job.collector.device.id.labels)
-    job.collector.collect(job.calls, writer)
-    return JobOutcome(writer.samples, time.perf_counter() - started, list(job.calls.failures))
-
-
-def _resolve(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)

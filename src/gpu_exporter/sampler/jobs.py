@@ -1,0 +1,120 @@
+"""Jobs: one (collector, device) pair each, run on a worker thread once per round of its cadence."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+import time
+from collections.abc import Callable, Sequence
+from contextlib import suppress
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..collectors import Collector, CollectorContext, SampleWriter
+from ..devices import Gpu
+from ..exposition import Sample
+from ..nvml import DeviceCalls, ErrorCounter, SupportRegistry
+
+
+@dataclass
+class JobOutcome:
+    samples: list[Sample]
+    duration: float
+    failures: list[tuple[str, str]]
+
+
+@dataclass(frozen=True)
+class Pending:
+    """What to do with submitted work when it finishes, or when the round gives up on it."""
+
+    finished: Callable[[concurrent.futures.Future[Any]], None]
+    late: Callable[[], None]
+
+
+@dataclass(eq=False)
+class Job:
+    collector: Collector
+    calls: DeviceCalls
+    future: concurrent.futures.Future[JobOutcome] | None = None
+    samples: list[Sample] = field(default_factory=list)
+    ok: bool = True
+    duration: float = 0.0
+    last_success: float | None = None
+
+    @property
+    def name(self) -> str:
+        return self.collector.name
+
+    @property
+    def hung(self) -> bool:
+        return self.future is not None and not self.future.done()
+
+
+def make_jobs(
+    gpu: Gpu,
+    collector_types: Sequence[type[Collector]],
+    context: CollectorContext,
+    support: SupportRegistry,
+    errors: ErrorCounter,
+) -> list[Job]:
+    """A job for every collector that applies to each of ``gpu``'s devices (MIG included)."""
+    jobs = []
+    for device in gpu.devices():
+        for collector_type in collector_types:
+            if collector_type.applies_to(device):
+                collector = collector_type(device, context)
+                calls = DeviceCalls(
+                    device.uuid,
+                    support,
+                    errors,
+                    collector=collector.name,
+                    lost_uuid=device.gpu_uuid,
+                )
+                jobs.append(Job(collector, calls))
+    return jobs
+
+
+def run_job(job: Job) -> JobOutcome:
+    """The worker-thread side of a job."""
+    started = time.perf_counter()
+    writer = SampleWriter(job.collector.device.id.labels)
+    job.collector.collect(job.calls, writer)
+    return JobOutcome(writer.samples, time.perf_counter() - started, list(job.calls.failures))
+
+
+async def settle(work: dict[concurrent.futures.Future[Any], Pending], wait_s: float) -> None:
+    """Wait at most ``wait_s`` for all ``work``, then tell each piece it finished or is late.
+
+    The event loop wakes once, when the last piece finishes, not once per job: a per-job asyncio
+    future costs a self-pipe write, a loop iteration and a GIL hand-off.
+    """
+    if not work:
+        return
+    loop = asyncio.get_running_loop()
+    all_done: asyncio.Future[None] = loop.create_future()
+    remaining = len(work)
+    lock = threading.Lock()
+
+    def one_done(_: concurrent.futures.Future[Any]) -> None:
+        nonlocal remaining
+        with lock:
+            remaining -= 1
+            last = remaining == 0
+        if last:
+            loop.call_soon_threadsafe(_resolve, all_done)
+
+    for future in list(work):
+        future.add_done_callback(one_done)
+    with suppress(TimeoutError):
+        await asyncio.wait_for(all_done, wait_s)
+    for future, pending in work.items():
+        if future.done():
+            pending.finished(future)
+        else:
+            pending.late()
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
