@@ -7,7 +7,6 @@ sample.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -16,6 +15,7 @@ from typing import Any
 import pynvml
 
 from .exposition import label_string
+from .migprofiles import profile_from_attributes
 from .nvml import DeviceCalls, DeviceLost, ErrorCounter, SupportRegistry, error_name
 
 
@@ -190,9 +190,5 @@ def _mig_profile(parent: Device, handle: Any, gpu_instance_id: int, calls: Devic
             )
             if profile is not None:
                 return _text(profile.name).removeprefix("MIG ").strip()
-    # Reading GPU instances can need privileges the exporter lacks; the attributes do not.
-    attributes = calls.get(pynvml.nvmlDeviceGetAttributes, handle)
-    if attributes is None:
-        return ""
-    gigabytes = math.ceil(attributes.memorySizeMB / 1024)
-    return f"{attributes.gpuInstanceSliceCount}g.{gigabytes}gb"
+    # Reading GPU instances needs privileges the exporter may lack; the attributes do not.
+    return profile_from_attributes(parent.handle, handle, calls)

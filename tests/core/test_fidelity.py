@@ -45,3 +45,46 @@ async def test_memory_v2_refused_falls_back_to_v1_and_the_log_says_why(
     out = capsys.readouterr().out
     assert "struct version 0x02000028" in out
     assert "answers FunctionNotFound also for a struct version it does not take" in out
+
+
+MIG_NODE = """
+    node: {privileged: PRIVILEGED}
+    gpus:
+      - {model: H100-SXM-80GB, mig: [3g.40gb, 1g.10gb, 1g.20gb, 2g.20gb]}
+      - {model: H100-SXM-80GB, mig: [7g.80gb]}
+    workloads: [{gpu: 0, mig: 0, pod: p, memory: 2GiB, sm: 0.5}]
+"""
+
+
+@pytest.mark.parametrize("privileged", ["true", "false"])
+async def test_mig_instances_carry_nvidias_profile_names_with_or_without_root(
+    privileged: str,
+) -> None:
+    async with simulated_sampler(MIG_NODE.replace("PRIVILEGED", privileged)) as sim:
+        series = await sim.slow_round()
+        asked = sim.node.calls["nvmlDeviceGetGpuInstanceById"]
+        series = await sim.slow_round()
+        again = sim.node.calls["nvmlDeviceGetGpuInstanceById"] - asked
+    profiles = sorted(dict(k)["mig_profile"] for k in select(series, "gpu_mig_info"))
+    # 7g.80gb has 80384 MiB (78.5 GiB): a name derived from the size would say 7g.79gb.
+    assert profiles == ["1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "7g.80gb"]
+    assert select(series, "gpu_exporter_nvml_errors_total") == {}
+    if privileged == "false":
+        assert again == 0, "NoPermission is remembered per device, not asked every round"
+
+
+async def test_without_root_a_mig_parent_loses_its_aggregate_memory_only(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    async with simulated_sampler(MIG_NODE.replace("PRIVILEGED", "false")) as sim:
+        await sim.fast_round()
+        series = await sim.fast_round()
+    # Whole GPUs in MIG mode: no aggregate memory; every instance keeps its own.
+    memory = select(series, "gpu_memory_total_bytes")
+    assert all("mig_profile" in dict(labels) for labels in memory), sorted(memory)
+    assert len(memory) == 5
+    assert one(series, "gpu_memory_used_bytes", mig_profile="3g.40gb") == 2 * 1024**3
+    assert one(series, "gpu_exporter_collector_success", collector="memory") == 1
+    logged = [line for line in capsys.readouterr().out.splitlines() if "no_permission" in line]
+    assert logged, "the omission is logged"
+    assert all("privileges the exporter lacks" in line for line in logged)

@@ -69,6 +69,15 @@ def test_mig_xid_names_the_instance(make_node: MakeNode) -> None:
     assert "Xid (PCI:0000:3a:00 GPU-I:02): 31, pid=77, name=python," in node.kmsg_lines[-1]
 
 
+def test_a_non_root_caller_gets_mig_xid_events_without_the_instance(make_node: MakeNode) -> None:
+    node = make_node(NODE.replace("uptime: 100s}", "uptime: 100s, privileged: false}"))
+    event_set = xid_set(2)
+    node.inject({"type": "xid", "gpu": 2, "mig": 1, "code": 31, "pid": 77})
+    data = pynvml.nvmlEventSetWait_v2(event_set, 0)
+    assert (data.gpuInstanceId, data.computeInstanceId) == (0xFFFFFFFF, 0xFFFFFFFF)
+    assert "GPU-I:02" in node.kmsg_lines[-1], "the kernel log still names the instance"
+
+
 def test_sxid_is_a_kernel_log_line_only(make_node: MakeNode) -> None:
     node = make_node(NODE)
     event_set = pynvml.nvmlEventSetCreate()

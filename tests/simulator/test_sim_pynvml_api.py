@@ -87,6 +87,31 @@ def test_mig_topology(make_node: MakeNode) -> None:
     assert pynvml.nvmlDeviceGetHandleByUUID(pynvml.nvmlDeviceGetUUID(mig)) is not None
 
 
+def test_a_non_root_caller_sees_mig_instances_but_not_their_gpu_instances(
+    make_node: MakeNode,
+) -> None:
+    make_node(NODE.replace('cuda_version: "13.0"}', 'cuda_version: "13.0", privileged: false}'))
+    parent = pynvml.nvmlDeviceGetHandleByIndex(1)
+    mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(parent, 0)
+    with pytest.raises(pynvml.NVMLError_NoPermission):
+        pynvml.nvmlDeviceGetGpuInstanceById(parent, pynvml.nvmlDeviceGetGpuInstanceId(mig))
+    with pytest.raises(pynvml.NVMLError_NoPermission):
+        pynvml.nvmlDeviceGetMemoryInfo(parent)  # the aggregate of the instances
+    with pytest.raises(pynvml.NVMLError_NoPermission):
+        pynvml.nvmlDeviceGetComputeRunningProcesses(parent)
+    assert pynvml.nvmlDeviceGetMemoryInfo(mig).total == 40192 * 2**20
+    (process,) = pynvml.nvmlDeviceGetComputeRunningProcesses(mig)
+    assert process.pid == 2345
+    attributes = pynvml.nvmlDeviceGetAttributes(mig)
+    assert (attributes.gpuInstanceSliceCount, attributes.memorySizeMB) == (3, 40192)
+    profile = pynvml.nvmlDeviceGetGpuInstanceProfileInfo(parent, 2)
+    assert (profile.name, profile.sliceCount, profile.memorySizeMB) == ("MIG 3g.40gb", 3, 40192)
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        pynvml.nvmlDeviceGetGpuInstanceProfileInfo(parent, 5)  # an 8-slice profile: not on H100
+    # A whole GPU without MIG is not an aggregate: it answers as to root.
+    assert pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0)).total > 0
+
+
 def test_memory_v1_and_v2(make_node: MakeNode) -> None:
     make_node(NODE)
     handle = pynvml.nvmlDeviceGetHandleByIndex(0)
@@ -227,6 +252,8 @@ EXPORTER_WRAPPERS = tuple(
         "nvmlDeviceGetGpuInstanceById",
         "nvmlGpuInstanceGetInfo",
         "nvmlDeviceGetGpuInstanceProfileInfoById",
+        "nvmlDeviceGetGpuInstanceProfileInfo",
+        "nvmlDeviceGetAttributes",
         "nvmlDeviceGetMemoryInfo",
         "nvmlDeviceGetUtilizationRates",
         "nvmlGpmQueryDeviceSupport",

@@ -16,6 +16,7 @@ from .errors import (
     ErrorCounter,
     error_name,
     is_lost,
+    is_no_permission,
     is_not_found,
     is_not_supported,
 )
@@ -96,8 +97,9 @@ class DeviceCalls:
 
         ``signal`` names the capability for the NotSupported memory when one function serves
         several (e.g. ECC counters by error and counter type); it defaults to the function name.
-        ``explain`` is added to the one log line when the signal is found missing: what the
-        answer can also mean and what is lost (a versioned struct the driver does not take).
+        ``explain`` is added to the one log line when the signal is found NotSupported or
+        FunctionNotFound: what the answer can also mean and what is lost (a versioned struct
+        the driver does not take). NoPermission always says that privileges are missing.
         """
         function = fn.__name__
         key = signal or function
@@ -116,6 +118,9 @@ class DeviceCalls:
         """Classify an NVML error: remember NotSupported, raise DeviceLost, count the rest."""
         if is_not_supported(exc):
             self._mark_unsupported(key, exc, explain)
+            return
+        if is_no_permission(exc):
+            self._mark_unsupported(key, exc, _NO_PERMISSION_EXPLAINED)
             return
         if is_lost(exc):
             self._errors.add(function, error_name(exc))
@@ -168,6 +173,12 @@ class DeviceCalls:
                 error=error_name(exc),
                 **extra,
             )
+
+
+_NO_PERMISSION_EXPLAINED = (
+    "this call needs privileges the exporter lacks (root or CAP_SYS_ADMIN), which do not change "
+    "while it runs; docs/deploy.md lists what a non-root deployment loses"
+)
 
 
 @dataclass(frozen=True)

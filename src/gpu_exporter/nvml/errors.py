@@ -2,6 +2,8 @@
 
 - NotSupported / FunctionNotFound: the device (or driver) lacks the signal. Omit the series,
   remember it per device so the call is never repeated, and log it once.
+- NoPermission from a device call: the exporter lacks the privilege that call needs (root), which
+  does not change while it runs: remembered and logged once like NotSupported.
 - GpuIsLost (and ResetRequired): the device is gone. Raise :class:`DeviceLost` so the sampler
   marks that GPU down and re-probes it with backoff, while every other GPU carries on.
 - NotFound: "no data right now" for the calls that use it (empty MIG slots, no process samples).
@@ -25,6 +27,7 @@ import pynvml
 _NOT_SUPPORTED = frozenset({pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND})
 _LOST = frozenset({pynvml.NVML_ERROR_GPU_IS_LOST, pynvml.NVML_ERROR_RESET_REQUIRED})
 _NOT_FOUND: int = pynvml.NVML_ERROR_NOT_FOUND
+_NO_PERMISSION: int = pynvml.NVML_ERROR_NO_PERMISSION
 # Codes that mean "the library or driver is not there", as opposed to a failing device.
 _UNAVAILABLE = frozenset(
     {
@@ -70,6 +73,10 @@ def is_not_supported(exc: BaseException) -> bool:
     if _MISMATCH is not None and isinstance(exc, _MISMATCH):
         return True
     return nvml_code(exc) in _NOT_SUPPORTED
+
+
+def is_no_permission(exc: BaseException) -> bool:
+    return nvml_code(exc) == _NO_PERMISSION
 
 
 def is_lost(exc: BaseException) -> bool:

@@ -293,8 +293,10 @@ class SimulatedNode:
             if p["delivery"] in ("kmsg", "both"):
                 self.kmsg.emit(self._xid_line(gpu, mig, p), t)
             if p["delivery"] in ("nvml", "both") and not gpu.lost:
-                gi = mig.spec.gpu_instance_id if mig else NO_INSTANCE
-                ci = 0 if mig else NO_INSTANCE
+                # Per-instance attribution needs root; others get the event unattributed.
+                attributed = mig is not None and self.scenario.node.privileged
+                gi = mig.spec.gpu_instance_id if mig and attributed else NO_INSTANCE
+                ci = 0 if mig and attributed else NO_INSTANCE
                 self._deliver(gpu, QueuedEvent(gpu, XID_EVENT, p["code"], gi, ci))
 
     def _xid_line(self, gpu: GpuDevice, mig: MigDevice | None, p: Mapping[str, Any]) -> str:

@@ -80,3 +80,10 @@ class FunctionsBase:
 
     def now(self) -> float:
         return self.node.now()
+
+    def privileged_parent(self, device: Device) -> None:
+        """Aggregate queries on a MIG-enabled GPU need root (nvml.h: "only if the caller has
+        appropriate privileges"); the code a non-root caller gets is assumed NO_PERMISSION."""
+        privileged = self.node.scenario.node.privileged
+        if isinstance(device, GpuDevice) and device.mig_enabled and not privileged:
+            raise NvmlFailure(NO_PERMISSION)

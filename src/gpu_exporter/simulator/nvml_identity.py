@@ -14,6 +14,7 @@ from gpu_exporter.simulator.nvml_base import (
     ARGUMENT_VERSION_MISMATCH,
     GPU_IS_LOST,
     INVALID_ARGUMENT,
+    NO_PERMISSION,
     NOT_FOUND,
     NOT_SUPPORTED,
     SUCCESS,
@@ -187,6 +188,8 @@ class IdentityFunctions(FunctionsBase):
         gpu = self._mig_capable(handle)
         if not gpu.mig_enabled:
             raise NvmlFailure(NOT_SUPPORTED)
+        if not self.node.scenario.node.privileged:
+            raise NvmlFailure(NO_PERMISSION)  # nvml.h: GPU instance queries need root
         point(instance, self._instance(gpu, int(val(gi))).gi_handle)
         return SUCCESS
 
@@ -209,10 +212,13 @@ class IdentityFunctions(FunctionsBase):
 
     def _profile(self, handle: Any, profile_id: Any) -> MigProfile:
         gpu = self._mig_capable(handle)
+        wanted = int(val(profile_id))
         for profile in gpu.model.mig_profiles.values():
-            if profile.profile_id == int(val(profile_id)):
+            if profile.profile_id == wanted:
                 return profile
-        raise NvmlFailure(INVALID_ARGUMENT)
+        # A profile NVML defines that this GPU lacks is NotSupported; beyond them, invalid.
+        valid = 0 <= wanted < pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT
+        raise NvmlFailure(NOT_SUPPORTED if valid else INVALID_ARGUMENT)
 
     def nvmlDeviceGetGpuInstanceProfileInfoByIdV(self, handle: Any, pid: Any, info: Any) -> int:
         profile = self._profile(handle, pid)
@@ -225,7 +231,7 @@ class IdentityFunctions(FunctionsBase):
         result.instanceCount = profile.instances
         result.multiprocessorCount = profile.sms
         result.copyEngineCount = max(1, profile.slices)
-        result.decoderCount = result.jpegCount = result.ofaCount = profile.slices // 2
+        result.decoderCount, result.jpegCount, result.ofaCount = media_engines(profile)
         result.encoderCount = 0
         result.memorySizeMB = profile.memory_mib
         result.name = f"MIG {profile.name}".encode()
@@ -233,3 +239,35 @@ class IdentityFunctions(FunctionsBase):
 
     def nvmlDeviceGetGpuInstanceProfileInfoV(self, handle: Any, pid: Any, info: Any) -> int:
         return self.nvmlDeviceGetGpuInstanceProfileInfoByIdV(handle, pid, info)
+
+    def nvmlDeviceGetAttributes_v2(self, handle: Any, attributes: Any) -> int:
+        """What a MIG device (or a whole GPU) is made of; needs no privileges (nvml.h)."""
+        device = self.device(handle)
+        result = out(attributes)
+        if isinstance(device, MigDevice):
+            profile = device.spec.profile
+            result.multiprocessorCount = profile.sms
+            result.sharedCopyEngineCount = max(1, profile.slices)
+            decoders, jpegs, ofas = media_engines(profile)
+            result.sharedDecoderCount, result.sharedJpegCount, result.sharedOfaCount = (
+                decoders,
+                jpegs,
+                ofas,
+            )
+            result.sharedEncoderCount = 0
+            result.gpuInstanceSliceCount = result.computeInstanceSliceCount = profile.slices
+            result.memorySizeMB = profile.memory_mib
+            return SUCCESS
+        model = device.model
+        result.multiprocessorCount = model.sm_count
+        result.sharedCopyEngineCount = MIG_SLICES
+        result.sharedDecoderCount = result.sharedJpegCount = result.sharedOfaCount = 0
+        result.sharedEncoderCount = 0
+        result.gpuInstanceSliceCount = result.computeInstanceSliceCount = MIG_SLICES
+        result.memorySizeMB = model.memory_mib
+        return SUCCESS
+
+
+def media_engines(profile: MigProfile) -> tuple[int, int, int]:
+    """(decoders, JPEG, OFA) of an instance: about one decoder per two slices (invented)."""
+    return profile.slices // 2, profile.slices // 2, profile.slices // 2

@@ -58,6 +58,7 @@ class TelemetryFunctions(FunctionsBase):
         device = self.device(handle)
         if isinstance(device, MigDevice):
             return device.memory_total, 0, device.memory_used()
+        self.privileged_parent(device)
         return device.memory_total, device.memory_reserved, device.memory_used()
 
     def nvmlDeviceGetMemoryInfo(self, handle: Any, memory: Any) -> int:
@@ -291,6 +292,7 @@ class TelemetryFunctions(FunctionsBase):
         device = self.device(handle)
         if isinstance(device, MigDevice):
             return [(w, device) for w in device.workloads]
+        self.privileged_parent(device)
         return device.all_workloads()
 
     def nvmlDeviceGetComputeRunningProcesses_v3(self, handle: Any, count: Any, infos: Any) -> int:

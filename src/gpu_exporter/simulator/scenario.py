@@ -53,6 +53,8 @@ class NodeSpec:
     cuda_version: str = "13.0"
     boot_id: str = ""
     uptime: float = 3600.0
+    # False: NVML answers as it does to a caller without root (CAP_SYS_ADMIN): see simulator.md.
+    privileged: bool = True
 
     @property
     def driver_major(self) -> int:
@@ -198,7 +200,7 @@ def _scenario(data: Any) -> Scenario:
 
 
 def _node(raw: Any, path: str) -> NodeSpec:
-    keys = {"name", "driver_version", "cuda_version", "boot_id", "uptime"}
+    keys = {"name", "driver_version", "cuda_version", "boot_id", "uptime", "privileged"}
     node = s.mapping(raw, path, keys)
     name = s.text(node.get("name", NodeSpec.name), s.key(path, "name"))
     driver = s.text(
@@ -212,7 +214,8 @@ def _node(raw: Any, path: str) -> NodeSpec:
     default_boot = str(uuid.uuid5(uuid.NAMESPACE_DNS, f"{name}.boot"))
     boot_id = s.text(node.get("boot_id", default_boot), s.key(path, "boot_id"))
     uptime = parse_duration(node.get("uptime", NodeSpec.uptime), s.key(path, "uptime"))
-    return NodeSpec(name, driver, cuda, boot_id, uptime)
+    privileged = s.boolean(node.get("privileged", True), s.key(path, "privileged"))
+    return NodeSpec(name, driver, cuda, boot_id, uptime, privileged)
 
 
 def _gpus(raw: Any, path: str) -> tuple[GpuSpec, ...]:
