@@ -22,7 +22,7 @@ from .http.webreload import WebConfigReloader
 from .logs import get_logger
 from .nvml import WorkerPool
 from .sampler import Sampler
-from .xid import XidSubsystem
+from .xid import XidSettings, XidSubsystem
 
 if TYPE_CHECKING:  # imported when built: grpc costs ~17 MB RSS, not paid with --no-allocation
     from .allocation.subsystem import AllocationSubsystem
@@ -232,9 +232,7 @@ def _build_xid(
         config.kmsg_path.touch()
         simulation.add_kmsg_file(config.kmsg_path)
         boot_id = simulation.scenario.node.boot_id
-    return XidSubsystem(
-        devices=sampler.devices,
-        unidentified_lost=sampler.unidentified_lost,
+    settings = XidSettings(
         kmsg_path=config.kmsg_path if config.kmsg else None,
         state_dir=config.state_dir,
         proc_path=config.proc_path,
@@ -242,6 +240,11 @@ def _build_xid(
         pod_series_retention=config.xid_pod_retention,
         nvml_events=config.nvml_events,
         boot_id=boot_id,
+    )
+    return XidSubsystem(
+        settings,
+        devices=sampler.devices,
+        unidentified_lost=sampler.unidentified_lost,
         holder=allocation,
         on_change=sampler.render_now,
     )

@@ -6,7 +6,9 @@ a device listener.
 
 from .classes import Classifier, XidClassesError, load_classifier
 from .core import HolderLookup, Observation, XidCore
-from .subsystem import FAMILIES, XidSubsystem, read_boot_id
+from .metrics import FAMILIES
+from .settings import XidHooks, XidSettings
+from .subsystem import XidSubsystem, read_boot_id
 
 __all__ = [
     "FAMILIES",
@@ -15,6 +17,8 @@ __all__ = [
     "Observation",
     "XidClassesError",
     "XidCore",
+    "XidHooks",
+    "XidSettings",
     "XidSubsystem",
     "load_classifier",
     "read_boot_id",
