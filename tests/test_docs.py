@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from gpu_exporter import identity, sampler, xid
+from gpu_exporter import identity, pci, sampler, xid
 from gpu_exporter.allocation import metrics as allocation_metrics
 from gpu_exporter.cli import build_parser
 from gpu_exporter.collectors import ALL_COLLECTORS
@@ -17,6 +17,7 @@ README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
 def code_families() -> list[Family]:
     families = [*identity.FAMILIES, *sampler.SELF_FAMILIES, *xid.FAMILIES]
     families += allocation_metrics.FAMILIES
+    families += pci.ExpectedGpus.families
     for collector in ALL_COLLECTORS:
         families += collector.families
     return families

@@ -21,6 +21,7 @@ from .http.webguard import RequestGuard, ServerLog
 from .http.webreload import WebConfigReloader
 from .logs import get_logger
 from .nvml import WorkerPool
+from .pci import ExpectedGpus
 from .sampler import Sampler
 from .xid import XidSettings, XidSubsystem
 
@@ -125,8 +126,9 @@ def build_exporter(config: Config) -> Exporter:
     extra_routes: Iterable[web.RouteDef] = ()
     if config.simulator is not None:
         simulation, extra_routes = _start_simulation(config)
-        config = _simulated_paths(config)
+        config = _simulated_paths(config, simulation)
     sampler = Sampler(config, pool)
+    sampler.add_source(ExpectedGpus(config.sysfs_path, lambda: _visible_gpus(sampler)))
     kubelet = _simulated_kubelet(simulation)
     allocation = _build_allocation(config, sampler, pool, kubelet) if config.allocation else None
     if allocation is not None:
@@ -176,8 +178,13 @@ def _start_simulation(config: Config) -> tuple[Any, Iterable[web.RouteDef]]:
     return node, make_routes(node)
 
 
-def _simulated_paths(config: Config) -> Config:
-    """Keep a simulated node off the host's real kernel log and state directory.
+def _visible_gpus(sampler: Sampler) -> int | None:
+    system = sampler.system
+    return system.gpu_count if system is not None else None
+
+
+def _simulated_paths(config: Config, simulation: Any) -> Config:
+    """Keep a simulated node off the host's real kernel log, state directory and PCI bus.
 
     The simulator writes its Xid lines to a kmsg-format file; a demo run on a real GPU node must
     not journal simulated UUIDs under the real ``--state-dir`` either.
@@ -188,6 +195,10 @@ def _simulated_paths(config: Config) -> Config:
         changes["kmsg_path"] = scratch / "kmsg"
     if config.state_dir == Config.state_dir:
         changes["state_dir"] = scratch / "state"
+    if config.sysfs_path == Config.sysfs_path:
+        from .simulator.sysfs import write_pci_tree
+
+        changes["sysfs_path"] = write_pci_tree(simulation, scratch / "sys")
     return replace(config, **changes)
 
 

@@ -78,6 +78,19 @@ class Config:
     init_timeout: float = 60.0  # not a flag: how long the first nvmlInit may take
     # set by the --collector.<name> switches, which each collector declares (collectors/)
     collectors: frozenset[str] = field(default_factory=frozenset)
+    nvlink_per_link: bool = setting(
+        "--collector.nvlink.per-link",
+        False,
+        group="collectors",
+        help="NVLink errors and traffic per link (a link label) instead of summed per GPU",
+    )
+    sysfs_path: Path = setting(
+        "--path.sysfs",
+        Path("/sys"),
+        PATH,
+        group="sampling",
+        help="the host's sysfs, to count the GPUs on the PCI bus",
+    )
     kmsg_path: Path = setting(
         "--kmsg-path",
         Path("/dev/kmsg"),

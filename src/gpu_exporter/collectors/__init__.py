@@ -8,6 +8,8 @@ from .clock_events import ClockEventsCollector
 from .clocks import ClocksCollector
 from .ecc import EccCollector
 from .memory import MemoryCollector
+from .nvlink import InterconnectCollector, NvLinkStateCollector
+from .pcie import PcieLinkCollector
 from .power import PowerCollector
 from .recovery import RecoveryCollector
 from .remap import RemapCollector
@@ -27,6 +29,9 @@ ALL_COLLECTORS: tuple[type[Collector], ...] = (
     RemapCollector,
     RetiredPagesCollector,
     RecoveryCollector,
+    NvLinkStateCollector,
+    PcieLinkCollector,
+    InterconnectCollector,
 )
 
 

@@ -22,6 +22,7 @@ from ..devices import Device, DeviceId
 from ..exposition import Family, Sample, join_labels
 from ..ledger import ActivityLedger
 from ..nvml import DeviceCalls
+from .fields import FieldBatch, FieldBatches
 
 
 class Cadence(Enum):
@@ -44,6 +45,18 @@ class CollectorContext:
     ledger: ActivityLedger = field(default_factory=ActivityLedger)
     # Told (from a worker thread) each time a device reports a failed row remap: the drain latch.
     on_remap_failure: Callable[[DeviceId], None] = lambda device: None
+    # Field values, read once per device and round for all collectors (see fields.py).
+    fields: FieldBatches | None = None
+
+    def __post_init__(self) -> None:
+        if self.fields is None:
+            object.__setattr__(self, "fields", FieldBatches(self.clock))
+
+    def field_batch(self, device: Device, cadence: Cadence) -> FieldBatch:
+        assert self.fields is not None
+        fast = cadence is Cadence.FAST
+        interval = self.config.fast_interval if fast else self.config.slow_interval
+        return self.fields.batch(device.uuid, cadence.value, interval)
 
 
 @dataclass

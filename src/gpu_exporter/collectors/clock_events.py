@@ -11,6 +11,7 @@ once) and its reason goes on from the same total, integrated from the flags.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import pynvml
@@ -19,6 +20,7 @@ from ..devices import Device
 from ..exposition import counter, gauge, label_string
 from ..logs import get_logger
 from ..nvml import DeviceCalls, FieldValue
+from ..nvml.calls import FieldKey
 from .base import Cadence, Collector, CollectorContext, SampleWriter
 from .counter_fields import counter_fields
 
@@ -100,6 +102,7 @@ class ClockEventsCollector(Collector):
         self._counters: dict[str, CounterCheck] | None = None  # reasons timed by NVML
         self._seconds: dict[str, float] = {}
         self._last_time: float | None = None
+        self._batch = context.field_batch(device, self.cadence)
 
     def collect(self, calls: DeviceCalls, out: SampleWriter) -> None:
         handle = self.device.handle
@@ -109,11 +112,12 @@ class ClockEventsCollector(Collector):
                 return
             self._supported = tuple(r for r in REASONS if int(mask) & r.mask)
             self._fields = self._driver_fields(calls)
+            self._batch.want(sorted(set(self._fields.values())))
         current = calls.get(pynvml.nvmlDeviceGetCurrentClocksEventReasons, handle)
         if current is None:
             return
         now = self.context.clock()
-        values = calls.field_values(handle, tuple(sorted(set(self._fields.values()))))
+        values = self._batch.read_values(calls, handle)
         if self._counters is None:
             self._counters = self._choose_counters(values)
         elapsed = 0.0 if self._last_time is None else now - self._last_time
@@ -132,7 +136,7 @@ class ClockEventsCollector(Collector):
         names = {r.name for r in self._supported or ()}
         return {name: fid for name, fid in counter_fields(text).items() if name in names}
 
-    def _choose_counters(self, values: dict[int, FieldValue]) -> dict[str, CounterCheck]:
+    def _choose_counters(self, values: Mapping[FieldKey, FieldValue]) -> dict[str, CounterCheck]:
         """The reasons whose counter answered on the first sample, as a 64-bit integer."""
         chosen = {}
         for name, fid in self._fields.items():
@@ -145,7 +149,7 @@ class ClockEventsCollector(Collector):
             chosen[name] = CounterCheck(fid)
         return chosen
 
-    def _read_counter(self, name: str, values: dict[int, FieldValue], now: float) -> bool:
+    def _read_counter(self, name: str, values: Mapping[FieldKey, FieldValue], now: float) -> bool:
         """Take the reason's time from its counter; False when it has none (any more)."""
         check = (self._counters or {}).get(name)
         if check is None:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import pynvml
 
+from ..devices import Device
 from ..exposition import counter, gauge
 from ..nvml import DeviceCalls
-from .base import Cadence, Collector, SampleWriter
+from .base import Cadence, Collector, CollectorContext, SampleWriter
 
 POWER = gauge("gpu_power_watts", "Power draw of the board, in watts.")
 POWER_LIMIT = gauge("gpu_power_limit_watts", "Power limit the driver enforces, in watts.")
+FIELD_TOTAL_ENERGY = 83  # NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION, mJ since the driver loaded
 ENERGY = counter(
     "gpu_energy_joules_total", "Energy consumed since the driver was loaded, in joules."
 )
@@ -21,6 +23,11 @@ class PowerCollector(Collector):
     cadence = Cadence.FAST
     families = (POWER, POWER_LIMIT, ENERGY)
 
+    def __init__(self, device: Device, context: CollectorContext) -> None:
+        super().__init__(device, context)
+        self._fields = context.field_batch(device, self.cadence)
+        self._fields.want((FIELD_TOTAL_ENERGY,))
+
     def collect(self, calls: DeviceCalls, out: SampleWriter) -> None:
         handle = self.device.handle
         milliwatts = calls.get(pynvml.nvmlDeviceGetPowerUsage, handle)
@@ -29,6 +36,7 @@ class PowerCollector(Collector):
         limit = calls.get(pynvml.nvmlDeviceGetEnforcedPowerLimit, handle)
         if limit is not None:
             out.add(POWER_LIMIT, limit / 1000.0)
-        millijoules = calls.get(pynvml.nvmlDeviceGetTotalEnergyConsumption, handle)
+        # The energy counter as a field: it rides in the device's one field read per round.
+        millijoules = self._fields.read(calls, handle).get(FIELD_TOTAL_ENERGY)
         if millijoules is not None:
             out.add(ENERGY, millijoules / 1000.0)

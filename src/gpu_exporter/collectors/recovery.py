@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from ..devices import Device
 from ..exposition import gauge, label_string
 from ..nvml import DeviceCalls
-from .base import Cadence, Collector, SampleWriter
+from .base import Cadence, Collector, CollectorContext, SampleWriter
 
 RECOVERY_ACTION = gauge(
     "gpu_recovery_action",
@@ -25,10 +26,13 @@ class RecoveryCollector(Collector):
     cadence = Cadence.FAST
     families = (RECOVERY_ACTION,)
 
+    def __init__(self, device: Device, context: CollectorContext) -> None:
+        super().__init__(device, context)
+        self._fields = context.field_batch(device, self.cadence)
+        self._fields.want((FIELD_RECOVERY_ACTION,))
+
     def collect(self, calls: DeviceCalls, out: SampleWriter) -> None:
-        value = calls.fields(self.device.handle, (FIELD_RECOVERY_ACTION,)).get(
-            FIELD_RECOVERY_ACTION
-        )
+        value = self._fields.read(calls, self.device.handle).get(FIELD_RECOVERY_ACTION)
         if value is None:
             return
         for code, labels in ACTIONS:

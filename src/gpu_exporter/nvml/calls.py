@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cache
 from typing import Any, TypeVar
 
 import pynvml
@@ -86,6 +87,10 @@ class DeviceCalls:
         self.current_function: str | None = None
         self.failures: list[tuple[str, str]] = []
 
+    def lacks(self, signal: str) -> bool:
+        """True once the device answered NotSupported for ``signal`` (e.g. ``field91``)."""
+        return self._support.is_unsupported(self.uuid, signal)
+
     def get(
         self,
         fn: Callable[..., T],
@@ -132,34 +137,38 @@ class DeviceCalls:
         self._errors.add(function, error_name(exc))
         self.failures.append((function, error_name(exc)))
 
-    def fields(self, handle: Any, field_ids: tuple[int, ...]) -> dict[int, float]:
+    def fields(self, handle: Any, field_ids: Sequence[FieldKey]) -> dict[FieldKey, float]:
         """Read NVML field values as numbers; see :meth:`field_values`."""
-        return {fid: v.value for fid, v in self.field_values(handle, field_ids).items()}
+        return {key: v.value for key, v in self.field_values(handle, field_ids).items()}
 
-    def field_values(self, handle: Any, field_ids: tuple[int, ...]) -> dict[int, FieldValue]:
+    def field_values(
+        self, handle: Any, field_ids: Sequence[FieldKey]
+    ) -> dict[FieldKey, FieldValue]:
         """Read NVML field values; fields the device lacks are remembered and not asked again.
 
-        ``nvmlDeviceGetFieldValues`` succeeds when any field was filled, so each value's own
-        ``nvmlReturn`` is checked and its union member read according to ``valueType``. A
+        A key is a field id, or ``(field id, scope id)`` for a field that needs a scope (an NVLink
+        link). ``nvmlDeviceGetFieldValues`` succeeds when any field was filled, so each value's
+        own ``nvmlReturn`` is checked and its union member read according to ``valueType``;
+        values come back in request order, so each is filed under the key it was asked by. A
         per-field NotSupported, FunctionNotFound or InvalidArgument (what a driver whose header
         predates the id may answer: unverified) marks that one field unsupported for the device.
         """
-        wanted = [f for f in field_ids if not self._support.is_unsupported(self.uuid, f"field{f}")]
+        lacking = self._support.unsupported(self.uuid)
+        wanted = [f for f in field_ids if field_signal(f) not in lacking] if lacking else field_ids
         if not wanted:
             return {}
         values = self.get(pynvml.nvmlDeviceGetFieldValues, handle, wanted, signal="field_values")
-        result: dict[int, FieldValue] = {}
-        for value in values or ():
+        result: dict[FieldKey, FieldValue] = {}
+        for key, value in zip(wanted, values or (), strict=False):  # in request order
             code = int(value.nvmlReturn)
-            fid = int(value.fieldId)
             if code == pynvml.NVML_SUCCESS:
-                result[fid] = FieldValue(
+                result[key] = FieldValue(
                     _field_number(value), int(value.valueType), int(value.timestamp)
                 )
             elif code in _FIELD_UNSUPPORTED:
-                self._mark_unsupported(f"field{fid}", pynvml.NVMLError(code))
+                self._mark_unsupported(field_signal(key), pynvml.NVMLError(code))
             elif code != pynvml.NVML_ERROR_NOT_FOUND:
-                self._handle(pynvml.NVMLError(code), "nvmlDeviceGetFieldValues", f"field{fid}")
+                self._handle(pynvml.NVMLError(code), "nvmlDeviceGetFieldValues", field_signal(key))
         return result
 
     def _mark_unsupported(self, key: str, exc: Exception, explain: str | None = None) -> None:
@@ -198,6 +207,17 @@ _FIELD_UNSUPPORTED = frozenset(
         pynvml.NVML_ERROR_INVALID_ARGUMENT,
     }
 )
+
+
+# A field id, or (field id, scope id) for fields read per link or per scope.
+FieldKey = int | tuple[int, int]
+
+
+@cache
+def field_signal(key: FieldKey) -> str:
+    """The NotSupported memory's name for a field: ``field94``. A scoped field (per link) is one
+    signal for all its scopes: a device without NVLink5 counters lacks them on every link."""
+    return f"field{key[0] if isinstance(key, tuple) else key}"
 
 
 def _field_number(value: Any) -> float:

@@ -9,6 +9,7 @@ from typing import Literal
 
 import pynvml
 
+from gpu_exporter.simulator.links import Interconnect
 from gpu_exporter.simulator.models import MIG_SLICES, GpuModel
 from gpu_exporter.simulator.patterns import Placed, integrate, total_at
 from gpu_exporter.simulator.scenario import GpuSpec, MigInstanceSpec, WorkloadSpec
@@ -188,7 +189,9 @@ class GpuDevice(Activity):
 
     kind = "gpu"
 
-    def __init__(self, spec: GpuSpec, node_name: str, uptime: float) -> None:
+    def __init__(
+        self, spec: GpuSpec, node_name: str, uptime: float, fabric: tuple[bytes, int] = (b"", 0)
+    ) -> None:
         super().__init__()
         self.spec = spec
         self.index = spec.index
@@ -207,6 +210,10 @@ class GpuDevice(Activity):
         self.recovery_action = 0
         # field id (as the driver numbers it) -> (value, nvmlValueType_t) answered instead
         self.field_overrides: dict[int, tuple[int, int]] = {}
+        self.links = Interconnect.for_model(self.model, *fabric)
+        self.persistence_mode = True
+        self.compute_mode = pynvml.NVML_COMPUTEMODE_DEFAULT
+        self.missing = False  # on the PCI bus, but never enumerated by NVML (dead at boot)
 
     @property
     def gpu(self) -> GpuDevice:
@@ -233,6 +240,7 @@ class GpuDevice(Activity):
         for reason in self.throttles:
             self.reason_seconds[reason] = self.reason_seconds.get(reason, 0.0) + (b - a)
         self.reason_seconds["gpu_idle"] = self.reason_seconds.get("gpu_idle", 0.0) + delta.idle
+        self.links.advance(b - a, delta.tensor, delta.dram)
 
     def _activity_delta(self, a: float, b: float) -> Accumulators:
         if not self.mig_enabled:
@@ -306,6 +314,7 @@ class GpuDevice(Activity):
         self.lost = False
         self.errors.reset()
         self.recovery_action = 0
+        self.links.reset()
 
 
 Device = GpuDevice | MigDevice

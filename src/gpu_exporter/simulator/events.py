@@ -13,6 +13,12 @@ from typing import Any
 from gpu_exporter.simulator import schema as s
 from gpu_exporter.simulator.errors import Invalid
 from gpu_exporter.simulator.kmsg import SXID_SEVERITY_WORDS
+from gpu_exporter.simulator.links import (
+    FABRIC_HEALTH,
+    NVLINK5_ERROR_TYPES,
+    NVLINK_ERROR_TYPES,
+    PCIE_ERROR_TYPES,
+)
 from gpu_exporter.simulator.scenario import (
     ALLOCATION_KEYS,
     KMSG_ONLY_XIDS,
@@ -274,6 +280,75 @@ def _nvml_error(body: Mapping[str, Any], path: str, gpus: Sequence[GpuSpec]) -> 
     }
 
 
+def _nvlink_gpus(body: Mapping[str, Any], path: str, gpus: Sequence[GpuSpec]) -> tuple[int, ...]:
+    indices = targets(body, path, gpus)
+    for i in indices:
+        if gpus[i].model.nvlink is None:
+            raise Invalid(s.key(path, "gpu"), f"gpu {i} ({gpus[i].model.key}) has no NVLink")
+    return indices
+
+
+def _links(
+    body: Mapping[str, Any], path: str, gpus: Sequence[GpuSpec], indices: Sequence[int]
+) -> Any:
+    """``link``: an index, a list of indices or ``all`` (default 0), within every target's links."""
+    raw = body.get("link", 0)
+    if raw == "all":
+        return "all"
+    where = s.key(path, "link")
+    links = raw if isinstance(raw, list) else [raw]
+    if not links:
+        raise Invalid(where, "empty list")
+    fewest = min(nvlink.links for i in indices if (nvlink := gpus[i].model.nvlink) is not None)
+    return tuple(s.integer(link, where, 0, fewest - 1) for link in links)
+
+
+def _nvlink_down(body: Mapping[str, Any], path: str, gpus: Sequence[GpuSpec]) -> Params:
+    indices = _nvlink_gpus(body, path, gpus)
+    return {"gpus": indices, "links": _links(body, path, gpus, indices)}
+
+
+def _nvlink_errors(body: Mapping[str, Any], path: str, gpus: Sequence[GpuSpec]) -> Params:
+    indices = _nvlink_gpus(body, path, gpus)
+    counts = {
+        kind: s.integer(body.get(kind, 0), s.key(path, kind), 0)
+        for kind in (*NVLINK_ERROR_TYPES, *NVLINK5_ERROR_TYPES)
+    }
+    if not any(counts.values()):
+        raise Invalid(path, "give at least one error count (e.g. crc_flit: 100)")
+    return {"gpus": indices, "links": _links(body, path, gpus, indices), "counts": counts}
+
+
+def _pcie_downtrain(body: Mapping[str, Any], path: str, gpus: Sequence[GpuSpec]) -> Params:
+    indices = targets(body, path, gpus)
+    fewest = min(gpus[i].model.pcie_width for i in indices)
+    lowest = min(gpus[i].model.pcie_generation for i in indices)
+    width = s.integer(body.get("width", fewest // 2), s.key(path, "width"), 1, fewest)
+    generation = s.integer(body.get("generation", lowest), s.key(path, "generation"), 1, lowest)
+    return {"gpus": indices, "width": width, "generation": generation}
+
+
+def _pcie_errors(body: Mapping[str, Any], path: str, gpus: Sequence[GpuSpec]) -> Params:
+    counts = {
+        kind: s.integer(body.get(kind, 0), s.key(path, kind), 0)
+        for kind in ("replays", *PCIE_ERROR_TYPES)
+    }
+    if not any(counts.values()):
+        raise Invalid(path, "give at least one count (e.g. replays: 50)")
+    return {"gpus": targets(body, path, gpus), "counts": counts}
+
+
+def _fabric_degraded(body: Mapping[str, Any], path: str, gpus: Sequence[GpuSpec]) -> Params:
+    indices = targets(body, path, gpus)
+    for i in indices:
+        if gpus[i].model.fabric != "nvl":
+            raise Invalid(
+                s.key(path, "gpu"), f"gpu {i} ({gpus[i].model.key}) reports no fabric health"
+            )
+    health = s.choice(body.get("health", "unhealthy"), s.key(path, "health"), FABRIC_HEALTH)
+    return {"gpus": indices, "health": health}
+
+
 def _type(keys: set[str], required: set[str], validate: Validator) -> EventType:
     return EventType(frozenset(keys), frozenset(required), validate)
 
@@ -299,6 +374,15 @@ EVENT_TYPES: Mapping[str, EventType] = {
     "release": _type({"pod", "namespace", "gpu"}, {"pod"}, _release),
     "hang": _type({"function", "gpu", "duration"}, set(), _hang),
     "unhang": _type({"function", "gpu"}, set(), _unhang),
+    "nvlink_down": _type({"gpu", "link"}, _GPU, _nvlink_down),
+    "nvlink_up": _type({"gpu", "link"}, _GPU, _nvlink_down),
+    "nvlink_errors": _type(
+        {"gpu", "link", *NVLINK_ERROR_TYPES, *NVLINK5_ERROR_TYPES}, _GPU, _nvlink_errors
+    ),
+    "pcie_downtrain": _type({"gpu", "width", "generation"}, _GPU, _pcie_downtrain),
+    "pcie_errors": _type({"gpu", "replays", *PCIE_ERROR_TYPES}, _GPU, _pcie_errors),
+    "fabric_degraded": _type({"gpu", "health"}, _GPU, _fabric_degraded),
+    "gpu_missing_at_boot": _type(_GPU, _GPU, _gpus_only),
     "nvml_error": _type(
         {"function", "gpu", "error", "state", "every", "times"}, {"function"}, _nvml_error
     ),

@@ -15,6 +15,7 @@ from gpu_exporter.simulator.errors import NvmlFailure
 from gpu_exporter.simulator.nvml_base import UNINITIALIZED, UNKNOWN
 from gpu_exporter.simulator.nvml_gpm_events import GpmEventFunctions
 from gpu_exporter.simulator.nvml_identity import IdentityFunctions
+from gpu_exporter.simulator.nvml_interconnect import InterconnectFunctions
 from gpu_exporter.simulator.nvml_telemetry import TelemetryFunctions
 
 if TYPE_CHECKING:
@@ -45,7 +46,9 @@ NO_INIT = frozenset({"nvmlInitWithFlags", "nvmlInit_v2"})
 UNLOCKED = frozenset({"nvmlEventSetWait_v2"})
 
 
-class NvmlFunctions(IdentityFunctions, TelemetryFunctions, GpmEventFunctions):
+class NvmlFunctions(
+    IdentityFunctions, TelemetryFunctions, GpmEventFunctions, InterconnectFunctions
+):
     """All implemented NVML functions; method names are the C symbols pynvml looks up."""
 
 

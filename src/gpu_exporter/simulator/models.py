@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
@@ -20,6 +20,13 @@ class MigProfile:
     instances: int
     memory_mib: int
     sms: int
+
+
+@dataclass(frozen=True)
+class NvLinkSpec:
+    links: int
+    version: int
+    gbps: float  # per link and direction, GB/s
 
 
 @dataclass(frozen=True)
@@ -43,6 +50,13 @@ class GpuModel:
     memory_repair: str
     field_ids: frozenset[int]
     mig_profiles: Mapping[str, MigProfile]
+    nvlink: NvLinkSpec | None = None
+    pcie_generation: int = 4
+    pcie_width: int = 16
+    fabric: str = "none"  # none | nvswitch | nvl
+    engines: Mapping[str, int] = field(default_factory=dict)
+    thresholds: Mapping[str, int] = field(default_factory=dict)
+    vbios: str = ""
 
     @property
     def supports_mig(self) -> bool:
@@ -91,6 +105,13 @@ def _model(key: str, raw: Mapping[str, Any]) -> GpuModel:
         memory_repair=str(raw["memory_repair"]),
         field_ids=frozenset(int(f) for f in raw["field_ids"]),
         mig_profiles=profiles,
+        nvlink=NvLinkSpec(**raw["nvlink"]) if "nvlink" in raw else None,
+        pcie_generation=int(raw["pcie"]["generation"]),
+        pcie_width=int(raw["pcie"]["width"]),
+        fabric=str(raw["fabric"]),
+        engines={k: int(v) for k, v in raw["engines"].items()},
+        thresholds={k: int(v) for k, v in raw["thresholds"].items()},
+        vbios=str(raw["vbios"]),
     )
 
 

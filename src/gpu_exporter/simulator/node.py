@@ -7,6 +7,7 @@ import heapq
 import itertools
 import threading
 import time
+import uuid
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from gpu_exporter.simulator.kmsg import (
     sxid_message,
     xid_message,
 )
+from gpu_exporter.simulator.link_events import LinkEvents
 from gpu_exporter.simulator.scenario import (
     RECOVERY_ACTIONS,
     AllocationSpec,
@@ -122,7 +124,7 @@ class GpmSample:
     integrals: Mapping[str, float]
 
 
-class SimulatedNode:
+class SimulatedNode(LinkEvents):
     """Simulated GPUs and their timeline; ``library`` is the fake ``libnvidia-ml``."""
 
     def __init__(self, scenario: Scenario, clock: Callable[[], float] = time.monotonic) -> None:
@@ -131,7 +133,9 @@ class SimulatedNode:
         self.scenario = scenario
         self.lock = threading.RLock()
         self.kmsg = KmsgLog(scenario.node.uptime)
-        self.gpus = [GpuDevice(g, scenario.node.name, scenario.node.uptime) for g in scenario.gpus]
+        node = scenario.node
+        fabric = (uuid.UUID(node.fabric_cluster_uuid).bytes, node.fabric_clique_id)
+        self.gpus = [GpuDevice(g, node.name, node.uptime, fabric) for g in scenario.gpus]
         self.handles: dict[int, Device] = {}
         self.gpu_instances: dict[int, MigDevice] = {}
         self.event_sets: dict[int, EventSet] = {}
@@ -257,6 +261,11 @@ class SimulatedNode:
             for mig in gpu.migs:
                 self.handles[ctypes.addressof(mig.handle)] = mig
                 self.gpu_instances[ctypes.addressof(mig.gi_handle)] = mig
+
+    @property
+    def visible_gpus(self) -> list[GpuDevice]:
+        """The GPUs NVML enumerates, in index order (a GPU missing at boot is not among them)."""
+        return [gpu for gpu in self.gpus if not gpu.missing]
 
     def device_of(self, handle: Any) -> Device | None:
         """The device behind a ``c_nvmlDevice_t``, or None."""

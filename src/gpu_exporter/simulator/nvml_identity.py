@@ -64,14 +64,15 @@ class IdentityFunctions(FunctionsBase):
     # ------------------------------------------------------------------ handles
 
     def nvmlDeviceGetCount_v2(self, count: Any) -> int:
-        out(count).value = len(self.node.gpus)
+        out(count).value = len(self.node.visible_gpus)
         return SUCCESS
 
     def nvmlDeviceGetHandleByIndex_v2(self, index: Any, handle: Any) -> int:
         i = int(val(index))
-        if not 0 <= i < len(self.node.gpus):
+        visible = self.node.visible_gpus
+        if not 0 <= i < len(visible):
             raise NvmlFailure(INVALID_ARGUMENT)
-        gpu = self.node.gpus[i]
+        gpu = visible[i]
         if gpu.lost:
             raise NvmlFailure(GPU_IS_LOST)
         point(handle, gpu.handle)
@@ -80,7 +81,7 @@ class IdentityFunctions(FunctionsBase):
     def nvmlDeviceGetHandleByUUID(self, uuid: Any, handle: Any) -> int:
         wanted = val(uuid)
         wanted = wanted.decode() if isinstance(wanted, bytes) else str(wanted)
-        for gpu in self.node.gpus:
+        for gpu in self.node.visible_gpus:
             devices: list[GpuDevice | MigDevice] = [gpu, *gpu.migs]
             for device in devices:
                 if device.uuid == wanted:
@@ -91,7 +92,7 @@ class IdentityFunctions(FunctionsBase):
         raise NvmlFailure(NOT_FOUND)
 
     def nvmlDeviceGetIndex(self, handle: Any, index: Any) -> int:
-        out(index).value = self.gpu(handle).index
+        out(index).value = self.node.visible_gpus.index(self.gpu(handle))
         return SUCCESS
 
     # ------------------------------------------------------------------ identity

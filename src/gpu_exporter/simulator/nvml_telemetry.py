@@ -10,6 +10,7 @@ import pynvml
 
 from gpu_exporter.simulator.devices import GpuDevice, MigDevice, Workload, remap_histogram
 from gpu_exporter.simulator.errors import NvmlFailure
+from gpu_exporter.simulator.links import INTERCONNECT_FIELDS, field_value
 from gpu_exporter.simulator.node import NO_INSTANCE
 from gpu_exporter.simulator.nvml_base import (
     ARGUMENT_VERSION_MISMATCH,
@@ -44,6 +45,7 @@ COUNTER_FIELDS = {
 # active preset profile, admin override %TMP floor, admin override ramp-up rate (mW/s).
 POWER_SMOOTHING_VALUES = {251: 1, 252: 0, 253: 0, 264: 0, 265: 0, 266: 5_000_000}
 MEMORY_TEMP_FIELD = 82
+TOTAL_ENERGY_FIELD = 83
 RECOVERY_ACTION_FIELD = 230
 # Supported clock-event reasons: every bit but "display clock setting" on headless parts.
 SUPPORTED_REASONS = 0xFF
@@ -195,6 +197,15 @@ class TelemetryFunctions(FunctionsBase):
             _set(field, pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, int(seconds * 1e9))
         elif fid == MEMORY_TEMP_FIELD:
             _set(field, pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, gpu.temperature_c(self.now()) + 6)
+        elif fid == TOTAL_ENERGY_FIELD:
+            _set(field, pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, int(1000 * gpu.energy_j))
+        elif fid in INTERCONNECT_FIELDS:
+            try:
+                value = field_value(gpu.links, fid, int(field.scopeId))
+            except LookupError:  # a per-link field whose scope names no link
+                field.nvmlReturn = INVALID_ARGUMENT
+                return
+            _set(field, pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, value or 0)
         elif fid == RECOVERY_ACTION_FIELD:
             _set(field, pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, gpu.recovery_action)
         elif fid in POWER_SMOOTHING_VALUES:

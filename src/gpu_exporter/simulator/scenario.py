@@ -55,6 +55,9 @@ class NodeSpec:
     uptime: float = 3600.0
     # False: NVML answers as it does to a caller without root (CAP_SYS_ADMIN): see simulator.md.
     privileged: bool = True
+    # The NVLink domain GPUs with a rack-scale fabric (GB200 NVL72) belong to.
+    fabric_cluster_uuid: str = "6d1b2c8e-3f4a-5b6c-8d7e-9f0a1b2c3d4e"
+    fabric_clique_id: int = 1
 
     @property
     def driver_major(self) -> int:
@@ -200,7 +203,16 @@ def _scenario(data: Any) -> Scenario:
 
 
 def _node(raw: Any, path: str) -> NodeSpec:
-    keys = {"name", "driver_version", "cuda_version", "boot_id", "uptime", "privileged"}
+    keys = {
+        "name",
+        "driver_version",
+        "cuda_version",
+        "boot_id",
+        "uptime",
+        "privileged",
+        "fabric_cluster_uuid",
+        "fabric_clique_id",
+    }
     node = s.mapping(raw, path, keys)
     name = s.text(node.get("name", NodeSpec.name), s.key(path, "name"))
     driver = s.text(
@@ -215,7 +227,18 @@ def _node(raw: Any, path: str) -> NodeSpec:
     boot_id = s.text(node.get("boot_id", default_boot), s.key(path, "boot_id"))
     uptime = parse_duration(node.get("uptime", NodeSpec.uptime), s.key(path, "uptime"))
     privileged = s.boolean(node.get("privileged", True), s.key(path, "privileged"))
-    return NodeSpec(name, driver, cuda, boot_id, uptime, privileged)
+    cluster = s.text(
+        node.get("fabric_cluster_uuid", NodeSpec.fabric_cluster_uuid),
+        s.key(path, "fabric_cluster_uuid"),
+        r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}",
+    )
+    clique = s.integer(
+        node.get("fabric_clique_id", NodeSpec.fabric_clique_id),
+        s.key(path, "fabric_clique_id"),
+        0,
+        2**32 - 1,
+    )
+    return NodeSpec(name, driver, cuda, boot_id, uptime, privileged, cluster.lower(), clique)
 
 
 def _gpus(raw: Any, path: str) -> tuple[GpuSpec, ...]:
