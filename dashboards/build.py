@@ -692,7 +692,7 @@ def health() -> dict[str, Any]:
         Panel(
             "timeseries",
             "Fleet share of time throttled by reason",
-            [Query('fleet:gpu_clocks_event:ratio_rate5m{reason!="gpu_idle"}', "{{reason}}")],
+            [Query('reason:gpu_clocks_event:ratio_rate5m{reason!="gpu_idle"}', "{{reason}}")],
             "percentunit",
             max=1,
         ),
@@ -725,7 +725,9 @@ def health() -> dict[str, Any]:
             "Node throttle share by reason",
             [
                 Query(
-                    'instance:gpu_clocks_event:ratio_rate5m{reason!="gpu_idle", ' + INSTANCE + "}",
+                    'instance_reason:gpu_clocks_event:ratio_rate5m{reason!="gpu_idle", '
+                    + INSTANCE
+                    + "}",
                     "{{instance}} {{reason}}",
                 )
             ],

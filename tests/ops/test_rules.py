@@ -62,6 +62,54 @@ def test_every_recording_rule_has_an_expression_test() -> None:
         assert rule["record"] in tested, f"{rule['record']} has no promql_expr_test"
 
 
+# The labels each recording-rule level may keep: target labels (instance, job, node) at the
+# node levels, the level's own labels, nothing else. The device level keeps the device's labels
+# (and a MIG instance's) but never gpu_info's identity labels.
+TARGET = {"instance", "job", "node"}
+LEVEL_LABELS = {
+    "fleet": set(),
+    "class": {"class"},
+    "reason": {"reason"},
+    "namespace": {"namespace"},
+    "namespace_class": {"namespace", "class"},
+    "instance": TARGET,
+    "instance_reason": TARGET | {"reason"},
+}
+IDENTITY_LABELS = {"model", "pci_bus_id", "driver_version", "mig_mode", "activity_source"}
+IDENTITY_LABELS |= {"idle_source"}
+LABEL_NAME = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="')
+
+
+def test_recording_rule_levels_name_the_labels_they_keep() -> None:
+    """A rule's level prefix says what one series is (fleet: one; instance: one per node): the
+    expression tests' expected samples must carry no label the level does not name."""
+    recorded = {
+        rule["record"]
+        for path in (RECORDING_RULES, ALERTING_RULES)
+        for rule in rules(path)
+        if "record" in rule
+    }
+    checked = 0
+    for path in RULE_TESTS:
+        for test in load(path)["tests"]:
+            for case in test.get("promql_expr_test", []):
+                names = [
+                    name for name in recorded if re.search(rf"\b{re.escape(name)}\b", case["expr"])
+                ]
+                if len(names) != 1:
+                    continue
+                level = names[0].split(":")[0]
+                for sample in case.get("exp_samples", []):
+                    labels = set(LABEL_NAME.findall(sample["labels"].split("{", 1)[-1]))
+                    if level in LEVEL_LABELS:
+                        extra = labels - LEVEL_LABELS[level]
+                    else:
+                        extra = labels & IDENTITY_LABELS
+                    assert not extra, f"{names[0]} keeps {sorted(extra)}: {sample['labels']}"
+                    checked += 1
+    assert checked > 20, "no recording-rule samples checked: did the test files move?"
+
+
 def test_every_alert_has_for_severity_class_summary_description_and_runbook() -> None:
     runbooks = RUNBOOKS.read_text()
     anchors = {
