@@ -48,6 +48,11 @@ lint: $(STAMP)
 demo: $(STAMP) system-deps
 	$(BIN)/python -m demo $(ARGS)
 
+## golden: rewrite tests/golden/exposition.txt, the whole exposition of tests/golden/scenario.yaml at
+## a fixed simulated time; review its diff (every changed series is in it) and commit it
+golden: $(STAMP)
+	$(BIN)/python -m tests.golden.exposition
+
 ## lock: regenerate the image's pinned requirements from pyproject.toml
 lock: $(STAMP)
 	$(BIN)/python deploy/image/lock.py
