@@ -2,7 +2,10 @@
 
 Prints, for every metric family the exporter can serve, what it read on each GPU (or that the
 family was cleanly absent because the device does not support it), first with the GPU idle, then
-while a PyTorch matmul loop keeps it busy. Writes the same as JSON to ``$OUT/hardware-check.json``
+while a PyTorch matmul loop keeps it busy. Before that it asks NVML itself what only a real driver
+settles (``nvml_facts``: field ids and value types, clock-event masks idle and under load, GPM's
+answers to badly spaced samples, memory v2's sum, the MIG paths with and without privileges).
+Writes the same as JSON to ``$OUT/hardware-check.json``
 (or ``--json PATH``). Installs nothing: needs the package importable (``PYTHONPATH=src``) with its
 runtime dependencies, and PyTorch with CUDA for the load phase.
 
@@ -24,7 +27,11 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import pynvml
 from prometheus_client.parser import text_string_to_metric_families
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import nvml_facts
 
 REPO = Path(__file__).resolve().parents[2]
 LOAD = r"""
@@ -115,6 +122,35 @@ def report(phase: str, families: list[str], data: dict[str, Any]) -> dict[str, s
     return result
 
 
+def open_nvml(simulate: bool) -> int:
+    """NVML in this process too, for the facts the exporter's series do not show; under
+    --simulate the built-in node, with a thermal slowdown on GPU 0 to show the reason nesting."""
+    sys.path.insert(0, str(REPO / "src"))
+    from gpu_exporter.logs import configure_logging
+
+    configure_logging("console", "warning")  # this process's own NVML boundary: findings only
+    if simulate:
+        from gpu_exporter.simulator import SimulatedNode, install, load_scenario
+
+        node = SimulatedNode(load_scenario(None))
+        node.inject({"type": "throttle", "gpu": 0, "reason": "hw_thermal_slowdown"})
+        install(node)
+    pynvml.nvmlInit()
+    return int(pynvml.nvmlDeviceGetCount())
+
+
+def masks_during(gpus: int, seconds: float) -> dict[str, list[str]]:
+    """Every distinct clock-event mask each GPU showed, sampled every 0.5 s."""
+    seen: dict[str, list[str]] = defaultdict(list)
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        for gpu, mask in nvml_facts.current_reasons(gpus).items():
+            if mask not in seen[gpu]:
+                seen[gpu].append(mask)
+        time.sleep(0.5)
+    return dict(seen)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--load-seconds", type=float, default=20.0)
@@ -146,16 +182,22 @@ def main() -> int:
     results: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
     try:
         results["ready_seconds"] = wait_ready(base, exporter)
+        gpus = open_nvml(args.simulate)
+        results["nvml"] = nvml_facts.facts(gpus)
+        nvml_facts.show("\n=== NVML facts (asked directly) ===", results["nvml"])
         time.sleep(args.settle_seconds)  # a slow round and a few GPM intervals
         families = all_families()
         results["idle"] = report("idle", families, scrape(base))
+        results["reasons_idle"] = nvml_facts.current_reasons(gpus)
         if args.simulate:
             print("\nload phase skipped: --simulate")
         else:
             load = subprocess.Popen([sys.executable, "-c", LOAD, str(args.load_seconds)])
-            time.sleep(min(args.load_seconds * 0.75, args.load_seconds - 2))
+            results["reasons_under_load"] = masks_during(gpus, args.load_seconds * 0.75)
             results["load"] = report("under load (bf16 matmuls)", families, scrape(base))
             load.wait(timeout=args.load_seconds + 60)
+        nvml_facts.show("\nclock-event masks idle", results["reasons_idle"])
+        nvml_facts.show("clock-event masks under load", results.get("reasons_under_load", {}))
         exporter.send_signal(signal.SIGTERM)
         started = time.monotonic()
         results["exit_status"] = exporter.wait(timeout=10)

@@ -33,3 +33,12 @@ def test_the_hardware_check_reports_every_family_in_a_dry_run(tmp_path: Path) ->
     for family in ("gpu_info", "gpu_sm_active_ratio", "gpu_power_watts", "gpu_allocated"):
         assert not idle[family].startswith("absent"), f"{family}: {idle[family]}"
     assert idle["gpu_retired_pages_total"].startswith("absent"), "H100s have no retired pages"
+    facts = results["nvml"]["gpus"]["0"]
+    assert set(facts["fields"]) == {"74", "76", "230", "251", "252", "253", "269", "270", "271"}
+    assert facts["fields"]["270"].startswith("valueType 3"), "the dry run's driver: 269-271"
+    assert facts["fields"]["251"].startswith("return 3"), "power smoothing: not on an H100"
+    assert set(facts["gpm"]) == {"one sample", "50 ms apart", "250 ms apart", "reversed"}
+    assert "holds" in facts["memory"]
+    thermal = results["reasons_idle"]["0"]  # the dry run starts a thermal slowdown on GPU 0
+    assert "hw_slowdown" in thermal, thermal
+    assert "hw_thermal_slowdown" in thermal, thermal
