@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -152,4 +153,30 @@ def test_nvml_lister_through_the_simulator() -> None:
         pynvml.nvmlShutdown()
     finally:
         simulator.uninstall()
+        node.close()
+
+
+def test_memory_the_driver_cannot_report_reaches_the_lister_as_none() -> None:
+    """NVML_VALUE_NOT_AVAILABLE (2^64-1) in usedGpuMemory: pynvml gives None, and the lister
+    keeps it None (the subsystem then withholds the series, as tested above), never 2^64-1."""
+    import pynvml
+
+    from gpu_exporter.simulator import SimulatedNode, install, loads_scenario, uninstall
+
+    scenario = """
+        gpus: [H100-SXM-80GB]
+        workloads:
+          - {gpu: 0, pod: a, pid: 300, memory: 2GiB}
+          - {gpu: 0, pod: b, pid: 301, memory: 3GiB, memory_reported: false}
+    """
+    node = SimulatedNode(loads_scenario(textwrap.dedent(scenario), "<test>"))
+    install(node)
+    try:
+        pynvml.nvmlInit()
+        device = Device(next(iter(devices())).id, pynvml.nvmlDeviceGetHandleByIndex(0))
+        listed = NvmlProcessLister()(device)
+        assert [(p.pid, p.used_bytes) for p in listed] == [(300, 2 * GIB), (301, None)]
+        pynvml.nvmlShutdown()
+    finally:
+        uninstall()
         node.close()

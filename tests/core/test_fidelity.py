@@ -88,3 +88,12 @@ async def test_without_root_a_mig_parent_loses_its_aggregate_memory_only(
     logged = [line for line in capsys.readouterr().out.splitlines() if "no_permission" in line]
     assert logged, "the omission is logged"
     assert all("privileges the exporter lacks" in line for line in logged)
+
+
+async def test_a_mig_capable_gpu_with_mig_off_has_no_mig_slots_and_no_mig_devices() -> None:
+    scenario = "gpus: [{model: A100-SXM-80GB}, {model: A100-SXM-80GB, mig: [3g.40gb]}]"
+    async with simulated_sampler(scenario) as sim:
+        series = await sim.slow_round()
+    assert one(series, "gpu_info", gpu="0", mig_mode="disabled") == 1
+    assert [dict(k)["gpu"] for k in select(series, "gpu_mig_info")] == ["1"]
+    assert select(series, "gpu_exporter_nvml_errors_total") == {}

@@ -273,3 +273,25 @@ def test_a_wrong_memory_v2_struct_version_answers_function_not_found(make_node: 
     function = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetMemoryInfo_v2")
     code = function(handle(0), ctypes.byref(memory))
     assert code == pynvml.NVML_ERROR_FUNCTION_NOT_FOUND, "as real drivers answered, not 25"
+
+
+def test_max_mig_device_count_is_zero_while_mig_is_off(make_node: MakeNode) -> None:
+    make_node("gpus: [A100-SXM-80GB, {model: A100-SXM-80GB, mig: []}]")
+    assert pynvml.nvmlDeviceGetMaxMigDeviceCount(handle(0)) == 0
+    assert pynvml.nvmlDeviceGetMaxMigDeviceCount(handle(1)) == 7
+
+
+def test_a_lost_gpu_keeps_failing_event_waits_until_the_set_is_freed(make_node: MakeNode) -> None:
+    node = make_node("gpus: [H100-SXM-80GB, H100-SXM-80GB]")
+    event_set = pynvml.nvmlEventSetCreate()
+    for index in (0, 1):
+        pynvml.nvmlDeviceRegisterEvents(handle(index), 0x8, event_set)
+    node.inject({"type": "gpu_lost", "gpu": 1})
+    for _ in range(3):
+        with pytest.raises(pynvml.NVMLError_GpuIsLost):
+            pynvml.nvmlEventSetWait_v2(event_set, 0)
+    pynvml.nvmlEventSetFree(event_set)
+    fresh = pynvml.nvmlEventSetCreate()
+    pynvml.nvmlDeviceRegisterEvents(handle(0), 0x8, fresh)
+    with pytest.raises(pynvml.NVMLError_Timeout):
+        pynvml.nvmlEventSetWait_v2(fresh, 0)  # a set without the lost GPU waits normally

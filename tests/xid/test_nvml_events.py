@@ -164,3 +164,41 @@ def _up(xid: XidSubsystem, source: str) -> bool:
 
 def _duplicates(xid: XidSubsystem, source: str) -> float | None:
     return value(xid, "gpu_exporter_xid_duplicates_total", source=source)
+
+
+async def test_a_lost_gpu_whose_event_waits_keep_failing_does_not_stop_the_others(
+    tmp_path: Path,
+) -> None:
+    from gpu_exporter.simulator import SimulatedNode, install, loads_scenario, uninstall
+
+    node = SimulatedNode(loads_scenario(textwrap.dedent(SCENARIO), "xid.yaml"))
+    install(node)
+    xid: XidSubsystem | None = None
+    try:
+        pynvml.nvmlInit()
+        gpus = [discover_gpu(i, SupportRegistry(), ErrorCounter()) for i in range(3)]
+        devices = [device for gpu in gpus for device in gpu.devices()]
+        xid = XidSubsystem(
+            devices=lambda: devices,  # the lost GPU stays in the inventory
+            kmsg_path=None,
+            state_dir=tmp_path / "state",
+            boot_id=node.scenario.node.boot_id,
+            nvml_wait_ms=50,
+        )
+        await xid.start()
+        running = xid
+        await wait_until(lambda: _up(running, "nvml_events"))
+        node.inject({"type": "gpu_lost", "gpu": 1})
+        waits = node.calls["nvmlEventSetWait_v2"]
+        node.inject({"type": "xid", "gpu": 0, "code": 48, "delivery": "nvml"})
+        await wait_until(lambda: xid_count(running) == 1)
+        node.inject({"type": "xid", "gpu": 2, "code": 48, "delivery": "nvml"})
+        await wait_until(lambda: xid_count(running) == 2)
+        spent = node.calls["nvmlEventSetWait_v2"] - waits
+        assert spent < 40, f"{spent} waits: the thread spins on the lost GPU's GpuIsLost"
+        assert value(xid, "gpu_xid_errors_total", gpu="0", xid="48") == 1
+    finally:
+        if xid is not None:
+            await xid.stop()
+        uninstall()
+        node.close()

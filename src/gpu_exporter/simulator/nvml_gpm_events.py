@@ -197,6 +197,10 @@ class GpmEventFunctions(FunctionsBase):
             with event_set.condition:
                 if event_set.queue:
                     return event_set.queue.popleft()
+                # A set with a lost GPU registered answers GpuIsLost at once, every wait, until
+                # it is freed (real drivers do; a loop that only retries spins).
+                if any(self.node.gpus[i].lost for i in event_set.masks):
+                    raise NvmlFailure(GPU_IS_LOST)
                 remaining = deadline - time.monotonic()
                 if event_set.freed or self.node.closed.is_set() or remaining <= 0:
                     raise NvmlFailure(TIMEOUT)

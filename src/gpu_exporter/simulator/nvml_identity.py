@@ -139,8 +139,9 @@ class IdentityFunctions(FunctionsBase):
         return SUCCESS
 
     def nvmlDeviceGetMaxMigDeviceCount(self, handle: Any, count: Any) -> int:
-        self._mig_capable(handle)
-        out(count).value = MIG_SLICES
+        gpu = self._mig_capable(handle)
+        # 0 while MIG mode is off (a MIG-capable GPU then has no MIG device slots at all).
+        out(count).value = MIG_SLICES if gpu.mig_enabled else 0
         return SUCCESS
 
     def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: Any, index: Any, mig: Any) -> int:

@@ -46,6 +46,7 @@ COUNTER_FIELDS = {
 POWER_SMOOTHING_VALUES = {251: 1, 252: 0, 253: 0, 264: 0, 265: 0, 266: 5_000_000}
 MEMORY_TEMP_FIELD = 82
 TOTAL_ENERGY_FIELD = 83
+NOT_AVAILABLE_ULL = 2**64 - 1  # NVML_VALUE_NOT_AVAILABLE as an unsigned long long
 RECOVERY_ACTION_FIELD = 230
 # Supported clock-event reasons: every bit but "display clock setting" on headless parts.
 SUPPORTED_REASONS = 0xFF
@@ -313,7 +314,9 @@ class TelemetryFunctions(FunctionsBase):
         for i, (workload, mig) in enumerate(processes):
             info = infos[i]
             info.pid = workload.pid
-            info.usedGpuMemory = workload.spec.memory
+            # NVML_VALUE_NOT_AVAILABLE where the driver cannot say (pynvml turns it into None).
+            reported = workload.spec.memory_reported
+            info.usedGpuMemory = workload.spec.memory if reported else NOT_AVAILABLE_ULL
             info.gpuInstanceId = mig.spec.gpu_instance_id if mig else NO_INSTANCE
             info.computeInstanceId = 0 if mig else NO_INSTANCE
         return SUCCESS

@@ -101,6 +101,7 @@ class WorkloadSpec:
     dram: Pattern
     occupancy: Pattern | None
     utilization: Pattern | None
+    memory_reported: bool = True  # False: usedGpuMemory is NVML_VALUE_NOT_AVAILABLE
 
 
 @dataclass(frozen=True)
@@ -312,6 +313,7 @@ WORKLOAD_KEYS = {
     "dram",
     "occupancy",
     "utilization",
+    "memory_reported",
 }
 
 
@@ -367,6 +369,7 @@ def build_workload(w: Mapping[str, Any], path: str, gpu: int, mig: int | None) -
         dram=opt_pattern("dram") or IDLE,
         occupancy=opt_pattern("occupancy"),
         utilization=opt_pattern("utilization"),
+        memory_reported=s.boolean(w.get("memory_reported", True), s.key(path, "memory_reported")),
     )
 
 
