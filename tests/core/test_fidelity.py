@@ -97,3 +97,37 @@ async def test_a_mig_capable_gpu_with_mig_off_has_no_mig_slots_and_no_mig_device
     assert one(series, "gpu_info", gpu="0", mig_mode="disabled") == 1
     assert [dict(k)["gpu"] for k in select(series, "gpu_mig_info")] == ["1"]
     assert select(series, "gpu_exporter_nvml_errors_total") == {}
+
+
+async def test_after_a_mig_reconfiguration_reused_handles_are_new_instances() -> None:
+    scenario = """
+        gpus: [{model: H100-SXM-80GB, mig: [3g.40gb, 1g.10gb]}]
+        workloads: [{gpu: 0, mig: 0, pod: p, memory: 8GiB}]
+    """
+    async with simulated_sampler(scenario) as sim:
+        before = await sim.slow_round()
+        sim.inject({"type": "mig_reconfigure", "gpu": 0, "mig": ["1g.10gb", "4g.40gb"]})
+        await sim.slow_round()  # rediscovery sees the new layout
+        await sim.fast_round()
+        after = await sim.slow_round()
+    old = {dict(k)["uuid"] for k in select(before, "gpu_mig_info")}
+    new = {dict(k)["mig_profile"]: dict(k)["uuid"] for k in select(after, "gpu_mig_info")}
+    assert set(new) == {"1g.10gb", "4g.40gb"}
+    assert not old & set(new.values()), "new instances, new UUIDs, though slot handles are reused"
+    # Slot 0's handle named the 3g.40gb instance; now the 1g.10gb one, and so do its series.
+    assert one(after, "gpu_memory_total_bytes", uuid=new["1g.10gb"]) == 9856 * 1024**2
+    assert one(after, "gpu_memory_used_bytes", uuid=new["1g.10gb"]) == 0, "its workload ended"
+    assert select(after, "gpu_memory_total_bytes", mig_profile="3g.40gb") == {}
+
+
+async def test_signals_mig_mode_withheld_come_back_when_the_instances_go() -> None:
+    # Remapped rows answer NotSupported while MIG instances exist (reference/nvml.md).
+    scenario = "gpus: [{model: H100-SXM-80GB, mig: [3g.40gb]}]"
+    async with simulated_sampler(scenario) as sim:
+        with_instances = await sim.slow_round()
+        sim.inject({"type": "mig_reconfigure", "gpu": 0, "mig": []})
+        await sim.slow_round()
+        without = await sim.slow_round()
+    assert select(with_instances, "gpu_remapped_rows_total") == {}
+    assert one(without, "gpu_remapped_rows_total", cause="uncorrectable") == 0
+    assert select(without, "gpu_mig_info") == {}

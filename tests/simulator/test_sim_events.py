@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import ctypes
 import pathlib
 import threading
 
 import pynvml
 import pytest
+
+from gpu_exporter.simulator import ScenarioError
 
 from .sim_helpers import FakeClock, MakeNode
 
@@ -241,3 +244,22 @@ def test_a_lost_gpu_does_not_disturb_sets_watching_other_gpus(make_node: MakeNod
     node.inject({"type": "gpu_lost", "gpu": 1})
     with pytest.raises(pynvml.NVMLError_Timeout):
         pynvml.nvmlEventSetWait_v2(event_set, 0)
+
+
+def test_a_mig_reconfiguration_reuses_slot_handles_for_new_instances(make_node: MakeNode) -> None:
+    node = make_node(NODE)
+    parent = pynvml.nvmlDeviceGetHandleByIndex(2)
+    before = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(parent, 0)
+    old_uuid = pynvml.nvmlDeviceGetUUID(before)
+    node.inject({"type": "mig_reconfigure", "gpu": 2, "mig": ["1g.10gb", "1g.10gb", "2g.20gb"]})
+    after = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(parent, 0)
+    assert ctypes.addressof(after.contents) == ctypes.addressof(before.contents)
+    assert pynvml.nvmlDeviceGetUUID(before) != old_uuid, "the old handle names the new instance"
+    assert pynvml.nvmlDeviceGetName(before).endswith("MIG 1g.10gb")
+    assert pynvml.nvmlDeviceGetMemoryInfo(before).total == 9856 * 2**20
+    assert (
+        pynvml.nvmlDeviceGetGpuInstanceId(pynvml.nvmlDeviceGetMigDeviceHandleByIndex(parent, 2))
+        == 3
+    )
+    with pytest.raises(ScenarioError, match=r"gpu 0 is not in MIG mode"):
+        node.inject({"type": "mig_reconfigure", "gpu": 0, "mig": []})

@@ -423,6 +423,9 @@ class Sampler:
         if [d.id for d in gpu.devices()] == [d.id for d in previous.devices()]:
             return
         _log.info("device layout changed", gpu=state.index, devices=len(list(gpu.devices())))
+        # What the GPU lacked may have been its MIG layout (remapped rows, utilisation, aggregate
+        # memory answer NotSupported while instances exist): learn it again, once.
+        self._support.forget(gpu.device.uuid)
         self._close_jobs(state.jobs)
         self._identities.clear()
         state.gpu, state.jobs = gpu, self._make_jobs(gpu)

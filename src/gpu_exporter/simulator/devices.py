@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 import zlib
 from dataclasses import dataclass, field
@@ -117,12 +118,14 @@ class MigDevice(Activity):
 
     kind = "mig"
 
-    def __init__(self, parent: GpuDevice, spec: MigInstanceSpec) -> None:
+    def __init__(self, parent: GpuDevice, spec: MigInstanceSpec, generation: int = 0) -> None:
         super().__init__()
         self.parent = parent
         self.spec = spec
+        # A reconfiguration (generation > 0) makes new instances: new UUIDs, same GI ids.
+        layout = f"/gen{generation}" if generation else ""
         self.uuid = "MIG-" + str(
-            uuid.uuid5(uuid.NAMESPACE_URL, f"{parent.uuid}/gi{spec.gpu_instance_id}")
+            uuid.uuid5(uuid.NAMESPACE_URL, f"{parent.uuid}{layout}/gi{spec.gpu_instance_id}")
         )
         self.handle = pynvml.struct_c_nvmlDevice_t()
         self.gi_handle = pynvml.struct_c_nvmlGpuInstance_t()
@@ -201,6 +204,7 @@ class GpuDevice(Activity):
         self.bus = HGX_BUSES[spec.index] if spec.index < len(HGX_BUSES) else 0x1B + spec.index * 2
         self.handle = pynvml.struct_c_nvmlDevice_t()
         self.migs = [MigDevice(self, m) for m in spec.mig or ()]
+        self.generation = 0  # MIG reconfigurations so far
         self.lost = False
         self.throttles: set[str] = set()
         self.reason_seconds: dict[str, float] = {}
@@ -308,6 +312,16 @@ class GpuDevice(Activity):
     @property
     def memory_reserved(self) -> int:
         return self.model.reserved_mib * 2**20
+
+    def reconfigure(self, layout: tuple[MigInstanceSpec, ...]) -> None:
+        """Destroy every MIG instance and create ``layout``: slot ``i``'s device and GPU
+        instance handles are reused, now naming a different instance (as real drivers do)."""
+        old = self.migs
+        self.generation += 1
+        self.spec = dataclasses.replace(self.spec, mig=layout)
+        self.migs = [MigDevice(self, m, self.generation) for m in layout]
+        for previous, new in zip(old, self.migs, strict=False):
+            new.handle, new.gi_handle = previous.handle, previous.gi_handle
 
     def reset(self) -> None:
         """What a GPU reset does: the device answers again, volatile state is cleared."""

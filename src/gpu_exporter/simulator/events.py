@@ -29,6 +29,7 @@ from gpu_exporter.simulator.scenario import (
     build_allocation,
     build_workload,
     gpu_index,
+    mig_layout,
 )
 from gpu_exporter.simulator.units import parse_duration
 
@@ -196,6 +197,14 @@ def _field_value(body: Mapping[str, Any], path: str, gpus: Sequence[GpuSpec]) ->
         "value_type": s.integer(body.get("value_type", 3), s.key(path, "value_type"), 0, 6),
         "on": state == "on",
     }
+
+
+def _mig_reconfigure(body: Mapping[str, Any], path: str, gpus: Sequence[GpuSpec]) -> Params:
+    """Destroy one MIG GPU's instances and create the listed ones (MIG mode stays on)."""
+    gpu = gpus[gpu_index(body.get("gpu"), s.key(path, "gpu"), gpus)]
+    if gpu.mig is None:
+        raise Invalid(s.key(path, "gpu"), f"gpu {gpu.index} is not in MIG mode")
+    return {"gpu": gpu.index, "layout": mig_layout(body["mig"], s.key(path, "mig"), gpu.model)}
 
 
 def _allocate(body: Mapping[str, Any], path: str, gpus: Sequence[GpuSpec]) -> Params:
@@ -370,6 +379,7 @@ EVENT_TYPES: Mapping[str, EventType] = {
     "field_value": _type(
         {"gpu", "field", "value", "value_type", "state"}, {"gpu", "field"}, _field_value
     ),
+    "mig_reconfigure": _type({"gpu", "mig"}, {"gpu", "mig"}, _mig_reconfigure),
     "allocate": _type({*ALLOCATION_KEYS, "workload"}, {"gpu", "pod"}, _allocate),
     "release": _type({"pod", "namespace", "gpu"}, {"pod"}, _release),
     "hang": _type({"function", "gpu", "duration"}, set(), _hang),

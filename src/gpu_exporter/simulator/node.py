@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import heapq
 import itertools
 import threading
@@ -298,7 +299,8 @@ class SimulatedNode(LinkEvents):
 
     def _on_xid(self, p: Mapping[str, Any], t: float) -> None:
         for gpu in self._targets(p):
-            mig = gpu.migs[p["mig"]] if p["mig"] is not None else None
+            # (an instance index from before a MIG reconfiguration may no longer exist)
+            mig = gpu.migs[p["mig"]] if p["mig"] is not None and p["mig"] < len(gpu.migs) else None
             if p["delivery"] in ("kmsg", "both"):
                 self.kmsg.emit(self._xid_line(gpu, mig, p), t)
             if p["delivery"] in ("nvml", "both") and not gpu.lost:
@@ -396,6 +398,21 @@ class SimulatedNode(LinkEvents):
                 gpu.field_overrides[p["field"]] = (p["value"], p["value_type"])
             else:
                 gpu.field_overrides.pop(p["field"], None)
+
+    def _on_mig_reconfigure(self, p: Mapping[str, Any], t: float) -> None:
+        """New MIG instances on one GPU: its instances' workloads and allocations end first."""
+        gpu = self.gpus[p["gpu"]]
+        self._allocations = [a for a in self._allocations if a.gpu != gpu.index or a.mig is None]
+        for mig in gpu.migs:
+            self.handles.pop(ctypes.addressof(mig.handle), None)
+            self.gpu_instances.pop(ctypes.addressof(mig.gi_handle), None)
+        gpu.reconfigure(p["layout"])
+        for mig in gpu.migs:
+            self.handles[ctypes.addressof(mig.handle)] = mig
+            self.gpu_instances[ctypes.addressof(mig.gi_handle)] = mig
+        specs = list(self.scenario.gpus)
+        specs[gpu.index] = gpu.spec
+        self.scenario = dataclasses.replace(self.scenario, gpus=tuple(specs))
 
     def _on_allocate(self, p: Mapping[str, Any], t: float) -> None:
         self._allocations.append(p["allocation"])

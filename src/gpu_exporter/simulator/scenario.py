@@ -260,12 +260,12 @@ def _gpu_entry(raw: Any, path: str, first_index: int) -> list[GpuSpec]:
     name = s.choice(entry["model"], s.key(path, "model"), models)
     model = models[name]
     count = s.integer(entry.get("count", 1), s.key(path, "count"), 1, 64)
-    mig = _mig_layout(entry["mig"], s.key(path, "mig"), model) if "mig" in entry else None
+    mig = mig_layout(entry["mig"], s.key(path, "mig"), model) if "mig" in entry else None
     ecc = s.boolean(entry.get("ecc", model.ecc_default), s.key(path, "ecc"))
     return [GpuSpec(first_index + n, model, mig, ecc) for n in range(count)]
 
 
-def _mig_layout(raw: Any, path: str, model: GpuModel) -> tuple[MigInstanceSpec, ...]:
+def mig_layout(raw: Any, path: str, model: GpuModel) -> tuple[MigInstanceSpec, ...]:
     if not model.supports_mig:
         raise Invalid(path, f"model {model.key} does not support MIG")
     names = s.sequence(raw, path)
