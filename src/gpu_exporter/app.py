@@ -31,6 +31,14 @@ if TYPE_CHECKING:  # imported when built: grpc costs ~17 MB RSS, not paid with -
 _log = get_logger("app")
 
 
+class ListenError(OSError):
+    """The web server could not bind ``--listen`` (in use, no permission, no such address)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
 @dataclass
 class Exporter:
     """The parts of a running exporter, started and stopped together."""
@@ -106,6 +114,9 @@ async def start_web_server(
     )
     try:
         await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise ListenError(exc.strerror or str(exc)) from exc
     except BaseException:
         await runner.cleanup()
         raise

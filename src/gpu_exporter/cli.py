@@ -180,7 +180,7 @@ def _check_xid_classes(path: Path) -> None:
 
 
 def run(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
-    from .app import build_exporter, run_until_signalled
+    from .app import ListenError, build_exporter, run_until_signalled
     from .nvml import NvmlUnavailable
 
     try:
@@ -201,16 +201,27 @@ def run(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = N
             "run with --simulate to use the built-in simulated node",
             EXIT_FAILURE,
         )
-    except OSError as exc:
+    except ListenError as exc:
         return _fail(
-            f"cannot listen on {config.listen_host}:{config.listen_port}: {exc.strerror or exc}",
+            f"cannot listen on {config.listen_host}:{config.listen_port}: {exc.reason}",
             EXIT_FAILURE,
         )
+    except OSError as exc:  # a file or directory the flags name (e.g. --state-dir), not the port
+        return _fail(str(exc), EXIT_FAILURE)
     except Exception as exc:
-        if type(exc).__name__ == "ScenarioError":
+        if _is_scenario_error(config, exc):
             return _fail(str(exc), EXIT_USAGE)
         raise
     return 0
+
+
+def _is_scenario_error(config: Config, exc: Exception) -> bool:
+    """A bad --simulate scenario (the simulator is loaded only then)."""
+    if config.simulator is None:
+        return False
+    from .simulator.errors import ScenarioError
+
+    return isinstance(exc, ScenarioError)
 
 
 def _fail(message: str, status: int) -> int:

@@ -65,6 +65,41 @@ def get_logger(name: str) -> structlog.stdlib.BoundLogger:
     return logger
 
 
+class RateLimitedLog:
+    """The rate-limited logging helper: at most one line per key per ``period`` seconds, and the
+    next line that gets through says how many were dropped meanwhile (``suppressed=N``).
+
+    ``log.warning(key, "event", field=value)`` returns whether the line was written.
+    """
+
+    def __init__(
+        self,
+        logger: structlog.stdlib.BoundLogger,
+        period: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._log = logger
+        self._limiter = RateLimiter(period, clock)
+
+    def info(self, key: object, event: str, **fields: Any) -> bool:
+        return self._emit(self._log.info, key, event, fields)
+
+    def warning(self, key: object, event: str, **fields: Any) -> bool:
+        return self._emit(self._log.warning, key, event, fields)
+
+    def error(self, key: object, event: str, **fields: Any) -> bool:
+        return self._emit(self._log.error, key, event, fields)
+
+    def _emit(
+        self, write: Callable[..., Any], key: object, event: str, fields: dict[str, Any]
+    ) -> bool:
+        suppressed = self._limiter.allow(key)
+        if suppressed is None:
+            return False
+        write(event, suppressed=suppressed, **fields)
+        return True
+
+
 class RateLimiter:
     """Allows one event per key per ``period`` seconds and counts what it suppressed.
 

@@ -31,7 +31,7 @@ from ..devices import Device, DeviceId
 from ..exposition import Family, Sample, join_labels, label_string
 from ..families import SOURCE_UP
 from ..ledger import ActivityLedger
-from ..logs import RateLimiter, get_logger
+from ..logs import RateLimitedLog, get_logger
 from ..nvml import ErrorCounter, PoolExhausted
 from ..ticks import ticks
 from .accounting import IdleAccountant
@@ -106,7 +106,7 @@ class AllocationSubsystem:
         self._wall_clock = wall_clock
         self._accountant = IdleAccountant(ledger, idle_threshold)
         self._history = HolderHistory(slack=poll_interval + update_interval)
-        self._limiter = RateLimiter(period=60.0, clock=clock)
+        self._rlog = RateLimitedLog(_log, period=60.0, clock=clock)
         self._snapshot: PodResourcesSnapshot | None = None
         self._up = False
         self._allocations = Allocations()
@@ -309,9 +309,7 @@ class AllocationSubsystem:
                     yield Sample(IDLE_STREAK, labels, usage.streak)
 
     def _warn(self, key: str, event: str, **fields: Any) -> None:
-        suppressed = self._limiter.allow(key)
-        if suppressed is not None:
-            _log.warning(event, suppressed=suppressed, **fields)
+        self._rlog.warning(key, event, **fields)
 
 
 def _held(allocations: Allocations) -> dict[DeviceId, set[PodKey]]:

@@ -23,7 +23,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from ..exposition import Family, Sample, counter, label_string
-from ..logs import RateLimiter, get_logger
+from ..logs import RateLimitedLog, get_logger
 from .webconfig import RateLimit, WebConfig
 
 HEALTH_PATHS = frozenset({"/healthz", "/readyz"})
@@ -297,7 +297,7 @@ class ServerLog:
 
     def __init__(self, guard: RequestGuard) -> None:
         self._guard = guard
-        self._limiter = RateLimiter(period=60.0)
+        self._rlog = RateLimitedLog(_server_log, period=60.0)
 
     def exception(self, message: str, *args: object, exc_info: object = None, **_: object) -> None:
         if isinstance(exc_info, HttpProcessingError):
@@ -315,11 +315,9 @@ class ServerLog:
 
     def _bad_request(self, exc: HttpProcessingError, args: tuple[object, ...]) -> None:
         self._guard.note_bad_request()
-        suppressed = self._limiter.allow("bad_request")
-        if suppressed is not None:
-            _server_log.warning(
-                "malformed request refused",
-                client=str(args[0]) if args else None,
-                error=str(exc.message)[:200],
-                suppressed=suppressed,
-            )
+        self._rlog.warning(
+            "bad_request",
+            "malformed request refused",
+            client=str(args[0]) if args else None,
+            error=str(exc.message)[:200],
+        )

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from ..exposition import Family, Sample, counter, gauge, label_string
-from ..logs import RateLimiter, get_logger
+from ..logs import RateLimitedLog, get_logger
 from .webconfig import WebConfig, WebConfigError, load_web_config
 
 RELOADS = counter(
@@ -67,7 +67,7 @@ class WebConfigReloader:
         self._fingerprint = _fingerprint(initial.files)
         self._results = dict.fromkeys(RESULTS, 0)
         self._last_ok = True
-        self._limiter = RateLimiter(period=300.0)
+        self._rlog = RateLimitedLog(_log, period=300.0)
         self._task: asyncio.Task[None] | None = None
         if initial.tls is not None:
             initial.tls.context.sni_callback = self._choose_context
@@ -133,13 +133,11 @@ class WebConfigReloader:
     def _refuse(self, reason: str) -> None:
         self._results["failure"] += 1
         self._last_ok = False
-        suppressed = self._limiter.allow("refused")
-        if suppressed is not None:
-            _log.error(
-                "web config not reloaded; the previous one stays in force",
-                reason=reason,
-                suppressed=suppressed,
-            )
+        self._rlog.error(
+            "refused",
+            "web config not reloaded; the previous one stays in force",
+            reason=reason,
+        )
 
     def _choose_context(
         self, connection: ssl.SSLObject | ssl.SSLSocket, server_name: str | None, _: ssl.SSLContext

@@ -18,7 +18,7 @@ from ..config import Config
 from ..devices import Device, DeviceId, Gpu, SystemInfo, discover_gpu, read_system_info
 from ..exposition import Exposition, Sample, render
 from ..ledger import ActivityLedger
-from ..logs import RateLimiter, get_logger
+from ..logs import RateLimitedLog, get_logger
 from ..nvml import (
     DeviceLost,
     ErrorCounter,
@@ -59,7 +59,7 @@ class Sampler:
         )
         self._support = SupportRegistry()
         self._errors = ErrorCounter()
-        self._log_limiter = RateLimiter(period=60.0, clock=clock)
+        self._rlog = RateLimitedLog(_log, period=60.0, clock=clock)
         self._raised: set[tuple[str, type[BaseException]]] = set()
         self._sources: list[SampleSource] = []
         self._identities = IdentityCache()
@@ -485,6 +485,4 @@ class Sampler:
             raise
 
     def _log_once(self, key: object, event: str, **fields: Any) -> None:
-        suppressed = self._log_limiter.allow(key)
-        if suppressed is not None:
-            _log.warning(event, suppressed=suppressed, **fields)
+        self._rlog.warning(key, event, **fields)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable
 
-from ..logs import RateLimiter, get_logger
+from ..logs import RateLimitedLog, get_logger
 from .parser import SxidLine
 from .state import CountKey, LastKey, SxidKey
 
@@ -33,7 +33,7 @@ class LabelBounds:
 
     def __init__(self, known: Callable[[int], bool]) -> None:
         self._known = known
-        self._limiter = RateLimiter(period=60.0)
+        self._rlog = RateLimitedLog(_log, period=60.0)
         self.folded: Counter[str] = Counter({label: 0 for label in FOLDED_LABELS})
 
     def xid(self, labels: CountKey, code: int, seen: Iterable[LastKey]) -> CountKey:
@@ -51,14 +51,12 @@ class LabelBounds:
 
     def _fold(self, label: str, **raw: object) -> None:
         self.folded[label] += 1
-        suppressed = self._limiter.allow(label)
-        if suppressed is not None:
-            _log.warning(
-                f'label values beyond the cap counted as {label}="other"',
-                label=label,
-                suppressed=suppressed,
-                **raw,
-            )
+        self._rlog.warning(
+            label,
+            f'label values beyond the cap counted as {label}="other"',
+            label=label,
+            **raw,
+        )
 
 
 def bound_xid(labels: CountKey, known: Callable[[int], bool], seen: Iterable[LastKey]) -> CountKey:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..devices import DeviceId
-from ..logs import RateLimiter, get_logger
+from ..logs import RateLimitedLog, get_logger
 from .bounds import LabelBounds
 from .classes import Classifier
 from .journal import Journal
@@ -129,7 +129,7 @@ class XidCore:
         self._unparsed = 0
         self._ignored: Counter[str] = Counter({reason: 0 for reason in IGNORED_REASONS})
         self._bounds = LabelBounds(classifier.known)
-        self._limiter = RateLimiter(period=60.0)
+        self._rlog = RateLimitedLog(_log, period=60.0)
         self.published = Published()
         # Called (from whichever thread made the change) after each publication.
         self.on_publish: Callable[[], None] | None = None
@@ -253,8 +253,7 @@ class XidCore:
         try:
             found = self.holder.holder(uuid, obs.when, obs.pid)
         except Exception as exc:  # attribution is best effort; the Xid must still count
-            if self._limiter.allow("holder") is not None:
-                _log.warning("holder lookup failed", uuid=uuid, error=repr(exc))
+            self._rlog.warning("holder", "holder lookup failed", uuid=uuid, error=repr(exc))
             return "", ""
         return found if found is not None else ("", "")
 
@@ -285,8 +284,9 @@ class XidCore:
         with self._lock:
             self._unparsed += 1
             self._publish()
-        if self._limiter.allow("unparsed") is not None:
-            _log.warning("kernel log line mentions an Xid but could not be parsed", raw=message)
+        self._rlog.warning(
+            "unparsed", "kernel log line mentions an Xid but could not be parsed", raw=message
+        )
 
     def note_ignored(self, reason: str, message: str | None = None) -> None:
         """A kernel-log record not read as an Xid source: ``not_kernel`` (a userspace write to
@@ -297,14 +297,12 @@ class XidCore:
             self._publish()
         if message is None:
             return
-        suppressed = self._limiter.allow(("ignored", reason))
-        if suppressed is not None:
-            _log.warning(
-                "kernel log record not from the kernel names an Xid or SXid; not counted",
-                reason=reason,
-                raw=message[:MAX_QUOTED],
-                suppressed=suppressed,
-            )
+        self._rlog.warning(
+            ("ignored", reason),
+            "kernel log record not from the kernel names an Xid or SXid; not counted",
+            reason=reason,
+            raw=message[:MAX_QUOTED],
+        )
 
     def expire_pod_series(self, retention: float) -> None:
         """Withdraw the series of pods whose latest Xid is older than ``retention`` seconds, so

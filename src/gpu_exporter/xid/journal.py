@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from ..logs import RateLimiter, get_logger
+from ..logs import RateLimitedLog, get_logger
 from .state import BadOp, Op, XidState
 
 SNAPSHOT_NAME = "xid-state.json"
@@ -57,7 +57,7 @@ class Journal:
         self._load_ok = True
         self._write_ok = state_dir is not None
         self._needs_snapshot = True
-        self._limiter = RateLimiter(period=60.0, clock=clock)
+        self._rlog = RateLimitedLog(_log, period=60.0, clock=clock)
         self.errors: Counter[str] = Counter()  # by operation: load, append, snapshot
 
     @property
@@ -221,15 +221,13 @@ class Journal:
         self.errors[what] += 1
         self._needs_snapshot = True  # a lost append must not leave a gap in the log
         self._close_fd()
-        suppressed = self._limiter.allow(what)
-        if suppressed is not None:
-            _log.warning(
-                "cannot write the Xid journal; counts are kept in memory only",
-                state_dir=str(self._dir),
-                operation=what,
-                error=exc.strerror or str(exc),
-                suppressed=suppressed,
-            )
+        self._rlog.warning(
+            what,
+            "cannot write the Xid journal; counts are kept in memory only",
+            state_dir=str(self._dir),
+            operation=what,
+            error=exc.strerror or str(exc),
+        )
 
 
 def _write_all(write: Write, fd: int, data: bytes) -> None:

@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..logs import RateLimiter, get_logger
+from ..logs import RateLimitedLog, get_logger
 from .lines import MAX_RECORD, LineSplitter
 from .parser import KmsgRecord, parse_record
 from .syslog import (
@@ -133,7 +133,7 @@ class KmsgReader:
         self._last_seq: int | None = None
         self._drains = 0
         self._drained = threading.Condition()
-        self._limiter = RateLimiter(period=300.0)
+        self._rlog = RateLimitedLog(_log, period=300.0)
         self._syslog_only = path == SYSLOG_PATH
         self._syslog = syslog if self._syslog_only or path == DEVICE_PATH else None
         self._syslog_poll = syslog_poll
@@ -241,13 +241,13 @@ class KmsgReader:
         self._on_up(False)
         missing = isinstance(exc, FileNotFoundError)
         key = (type(exc).__name__, exc.errno)
-        if self._limiter.allow(key) is not None:
-            _log.warning(
-                "kernel log unavailable; Xids come from NVML events only",
-                path=str(self._path),
-                error=exc.strerror or str(exc),
-                hint=self._hint(missing),
-            )
+        self._rlog.warning(
+            key,
+            "kernel log unavailable; Xids come from NVML events only",
+            path=str(self._path),
+            error=exc.strerror or str(exc),
+            hint=self._hint(missing),
+        )
         self._stop.wait(RETRY_MISSING_S if missing else RETRY_DENIED_S)
 
     def _hint(self, missing: bool) -> str:
@@ -270,8 +270,9 @@ class KmsgReader:
         live = False  # each (re)start's first read is replay: the journal's mark says what is new
         while True:
             records, marks, lost = buffer.update(data)
-            if lost and self._limiter.allow("syslog-lost") is not None:
-                _log.warning(
+            if lost:
+                self._rlog.warning(
+                    "syslog-lost",
                     "kernel log moved past everything last read (cleared, or overwritten "
                     "between two polls): records may have been lost",
                     poll_s=self._syslog_poll,
@@ -339,25 +340,23 @@ class KmsgReader:
                 continue
             self._mark_drained()
             if regular and self._replaced(fd, lines.position, sized is not False):
-                if self._limiter.allow("replaced") is not None:
-                    _log.info(
-                        "kernel log file was truncated or replaced; reopening",
-                        path=str(self._path),
-                    )
+                self._rlog.info(
+                    "replaced",
+                    "kernel log file was truncated or replaced; reopening",
+                    path=str(self._path),
+                )
                 return
             self._stop.wait(self._poll)
 
     def _oversized(self, length: int) -> None:
         self._on_oversized()
-        suppressed = self._limiter.allow("oversized")
-        if suppressed is not None:
-            _log.warning(
-                "kernel log line longer than the kernel's longest record dropped",
-                path=str(self._path),
-                max_bytes=MAX_RECORD,
-                bytes_at_least=length,
-                suppressed=suppressed,
-            )
+        self._rlog.warning(
+            "oversized",
+            "kernel log line longer than the kernel's longest record dropped",
+            path=str(self._path),
+            max_bytes=MAX_RECORD,
+            bytes_at_least=length,
+        )
 
     def _replaced(self, fd: int, position: int, sized: bool) -> bool:
         try:
@@ -394,8 +393,7 @@ class KmsgReader:
             self._last_seq = record.seq
         if lost:
             self._on_lost(lost)
-            if self._limiter.allow("gap") is not None:
-                _log.warning("kernel log records were lost (overwritten)", records=lost)
+            self._rlog.warning("gap", "kernel log records were lost (overwritten)", records=lost)
 
     def _mark_drained(self) -> None:
         self._caught_up = True

@@ -24,7 +24,7 @@ from typing import Any
 import pynvml
 
 from ..devices import Device, DeviceId
-from ..logs import RateLimiter, get_logger
+from ..logs import RateLimitedLog, get_logger
 from ..nvml import error_name
 
 NO_INSTANCE = 0xFFFFFFFF
@@ -73,7 +73,7 @@ class NvmlEventThread:
         self._clock = clock
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._limiter = RateLimiter(period=300.0)
+        self._rlog = RateLimitedLog(_log, period=300.0)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="xid-nvml-events", daemon=True)
@@ -190,10 +190,13 @@ class NvmlEventThread:
             self._stop.wait(1.0)
 
     def _failed(self, function: str, exc: pynvml.NVMLError, **fields: Any) -> None:
-        if self._limiter.allow((function, error_name(exc))) is not None:
-            _log.warning(
-                "NVML event call failed", function=function, error=error_name(exc), **fields
-            )
+        self._rlog.warning(
+            (function, error_name(exc)),
+            "NVML event call failed",
+            function=function,
+            error=error_name(exc),
+            **fields,
+        )
 
 
 def _address(handle: Any) -> int:
