@@ -202,3 +202,35 @@ async def test_a_lost_gpu_whose_event_waits_keep_failing_does_not_stop_the_other
             await xid.stop()
         uninstall()
         node.close()
+
+
+async def test_without_root_a_mig_xid_event_is_counted_on_its_gpu(tmp_path: Path) -> None:
+    from gpu_exporter.simulator import SimulatedNode, install, loads_scenario, uninstall
+
+    scenario = SCENARIO.replace("uptime: 100s}", "uptime: 100s, privileged: false}")
+    node = SimulatedNode(loads_scenario(textwrap.dedent(scenario), "xid.yaml"))
+    install(node)
+    xid: XidSubsystem | None = None
+    try:
+        pynvml.nvmlInit()
+        gpus = [discover_gpu(i, SupportRegistry(), ErrorCounter()) for i in range(3)]
+        devices = [device for gpu in gpus for device in gpu.devices()]
+        xid = XidSubsystem(
+            devices=lambda: devices,
+            kmsg_path=None,
+            state_dir=tmp_path / "state",
+            boot_id=node.scenario.node.boot_id,
+            nvml_wait_ms=50,
+        )
+        await xid.start()
+        running = xid
+        await wait_until(lambda: _up(running, "nvml_events"))
+        node.inject({"type": "xid", "gpu": 2, "mig": 1, "code": 31, "delivery": "nvml"})
+        await wait_until(lambda: xid_count(running) == 1)
+        # No instance ids: the event names the whole GPU, not a MIG instance.
+        assert value(xid, "gpu_xid_errors_total", uuid=gpus[2].device.uuid, xid="31") == 1
+    finally:
+        if xid is not None:
+            await xid.stop()
+        uninstall()
+        node.close()
