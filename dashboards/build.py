@@ -775,10 +775,144 @@ def health() -> dict[str, Any]:
     )
 
 
+# ---- (d) cost and tenancy ----------------------------------------------------------------------
+
+IDLE_COST = "namespace:gpu_allocated_idle_cost_per_hour:rate5m{" + NS + "}"
+QUEUE = 'queue=~"$queue"'
+
+
+def cost() -> dict[str, Any]:
+    """Idle allocation as money, by namespace and Kueue queue (prices: alerts/gpu_prices.yml)."""
+    items: list[Item] = [
+        Row("Cost of idle allocation"),
+        Panel(
+            "stat",
+            "Idle-allocation cost (time range)",
+            [
+                Query(
+                    "avg_over_time(fleet:gpu_allocated_idle_cost_per_hour:rate5m[$__range])"
+                    " * $__range_s / 3600",
+                    "spent idle",
+                    instant=True,
+                )
+            ],
+            "none",
+            width=12,
+            height=5,
+            description="Money spent on GPUs held by pods while idle over the dashboard's range, "
+            "at the prices (and in the currency) set in alerts/gpu_prices.yml.",
+        ),
+        Panel(
+            "stat",
+            "Currency",
+            [Query("currency:gpu_price:info", "{{currency}}", instant=True)],
+            "none",
+            width=4,
+            height=5,
+            description="The currency of every price on this dashboard (alerts/gpu_prices.yml).",
+            extra={"options": {"textMode": "name", "reduceOptions": {"calcs": ["lastNotNull"]}}},
+        ),
+        Panel(
+            "stat",
+            "Idle-allocation cost now",
+            [Query("fleet:gpu_allocated_idle_cost_per_hour:rate5m", "per hour")],
+            "none",
+            width=8,
+            height=5,
+        ),
+        Panel(
+            "bargauge",
+            "Idle-allocation cost by namespace (time range)",
+            [
+                Query(
+                    "sort_desc(sum by (namespace) (avg_over_time(" + IDLE_COST + "[$__range]))"
+                    " * $__range_s / 3600)",
+                    "{{namespace}}",
+                    instant=True,
+                )
+            ],
+            "none",
+            width=12,
+            height=10,
+        ),
+        Panel(
+            "timeseries",
+            "Idle-allocation cost per hour by namespace",
+            [Query(IDLE_COST, "{{namespace}}")],
+            "none",
+            stack=True,
+        ),
+        Panel(
+            "timeseries",
+            "Allocation cost per hour by namespace",
+            [
+                Query(
+                    "namespace:gpu_allocated_cost_per_hour:rate5m{" + NS + "}",
+                    "{{namespace}}",
+                )
+            ],
+            "none",
+            stack=True,
+            description="What each namespace's allocations cost, idle or not.",
+        ),
+        Row("Queues (Kueue)"),
+        Panel(
+            "timeseries",
+            "GPUs held by queue",
+            [Query("queue:gpu_allocated_seconds:rate5m{" + QUEUE + "}", "{{namespace}}/{{queue}}")],
+            GPUS,
+            stack=True,
+            description="Needs kube-state-metrics with "
+            "--metric-labels-allowlist=pods=[kueue.x-k8s.io/queue-name].",
+        ),
+        Panel(
+            "timeseries",
+            "SM activity of what each queue holds",
+            [
+                Query(
+                    "queue:gpu_sm_active_seconds:rate5m{" + QUEUE + "} / "
+                    "queue:gpu_allocated_seconds:rate5m{" + QUEUE + "}",
+                    "{{namespace}}/{{queue}}",
+                )
+            ],
+            "percentunit",
+            max=1,
+        ),
+        Panel(
+            "bargauge",
+            "Idle-allocation cost by queue (time range)",
+            [
+                Query(
+                    "sort_desc(sum by (namespace, queue) (avg_over_time("
+                    "queue:gpu_allocated_idle_cost_per_hour:rate5m{" + QUEUE + "}[$__range]))"
+                    " * $__range_s / 3600)",
+                    "{{namespace}}/{{queue}}",
+                    instant=True,
+                )
+            ],
+            "none",
+            width=24,
+        ),
+    ]
+    variables = _variables(
+        _query_variable("namespace", "Namespace", "label_values(gpu_allocation_info, namespace)"),
+        _query_variable("queue", "Queue", "label_values(namespace_pod:kueue_queue:info, queue)"),
+    )
+    return _dashboard(
+        "gpu-exporter-cost",
+        "GPU cost and tenancy",
+        "Idle allocation in money by namespace and queue, and what right-sizing would free "
+        "(gpu-exporter).",
+        items,
+        variables,
+    )
+
+
 DASHBOARDS = {
     "gpu-fleet-efficiency.json": fleet,
     "gpu-node-detail.json": node,
     "gpu-health.json": health,
+    "gpu-cost.json": cost,
 }
 
 

@@ -37,7 +37,11 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "demo"
 ALERTS = ROOT / "alerts"
-RULE_FILES = (ALERTS / "recording_rules.yml", ALERTS / "alerting_rules.yml")
+RULE_FILES = (
+    ALERTS / "recording_rules.yml",
+    ALERTS / "price_rules.yml",
+    ALERTS / "alerting_rules.yml",
+)
 ALERTMANAGER_EXAMPLE = ALERTS / "alertmanager.example.yml"
 DASHBOARDS = ROOT / "dashboards"
 IDLE_THRESHOLD_RULE = "fleet:gpu_allocation_idle_threshold:seconds"
@@ -160,6 +164,7 @@ def prometheus_config(
     *,
     interval: str = "1s",
     evaluation_interval: str | None = None,
+    extra_scrape_configs: Sequence[dict[str, Any]] = (),
 ) -> dict[str, Any]:
     config: dict[str, Any] = {
         "global": {
@@ -169,7 +174,8 @@ def prometheus_config(
         },
         "rule_files": [str(path) for path in rule_files],
         "scrape_configs": [
-            {"job_name": "gpu-exporter", "static_configs": [{"targets": list(targets)}]}
+            {"job_name": "gpu-exporter", "static_configs": [{"targets": list(targets)}]},
+            *extra_scrape_configs,
         ],
     }
     if alertmanager is not None:

@@ -119,6 +119,7 @@ def test_privileged_is_opt_in_only(variants: dict[str, list[Resource]]) -> None:
             assert security["privileged"] is False, name
             assert security["allowPrivilegeEscalation"] is False, name
     assert set(COMPONENTS) == set(FEATURE_OFF) | {
+        "dcgm-compat",
         "default-runtime",
         "kmsg-privileged",
         "web-config",
@@ -194,3 +195,12 @@ def test_web_config_mounts_its_secret_and_speaks_https_and_nothing_else(
         "serverName": "gpu-exporter.gpu-exporter.svc",
     }
     assert variants["web-config"] == expected, "web-config changed more than TLS and its Secret"
+
+
+def test_dcgm_compat_only_adds_its_prometheusrule(variants: dict[str, list[Resource]]) -> None:
+    def identities(resources: list[Resource]) -> set[tuple[str, str]]:
+        return {(r["kind"], r["metadata"]["name"]) for r in resources}
+
+    added = identities(variants["dcgm-compat"]) - identities(variants["base"])
+    assert added == {("PrometheusRule", "gpu-exporter-dcgm-compat")}
+    assert daemonset(variants["dcgm-compat"]) == daemonset(variants["base"]), "no exporter change"

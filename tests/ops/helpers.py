@@ -16,6 +16,8 @@ ROOT = Path(__file__).resolve().parents[2]
 ALERTS = ROOT / "alerts"
 RECORDING_RULES = ALERTS / "recording_rules.yml"
 ALERTING_RULES = ALERTS / "alerting_rules.yml"
+PRICE_RULES = ALERTS / "price_rules.yml"
+COMPAT_RULES = ALERTS / "dcgm_compat_rules.yml"
 RULE_TESTS = sorted((ALERTS / "tests").glob("*_rules_test.yml"))
 ALERTMANAGER_EXAMPLE = ALERTS / "alertmanager.example.yml"
 ALERTMANAGER_CASES = ALERTS / "tests" / "alertmanager_test.yml"
@@ -27,6 +29,7 @@ OPERATIONS = ROOT / "docs" / "operations.md"
 DASHBOARD_VARIABLES = {
     "$__rate_interval": "15s",
     "$__interval": "5s",
+    "$__range_s": "30",  # before $__range, which it starts with
     "$__range": "30s",
 }
 

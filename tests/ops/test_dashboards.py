@@ -27,6 +27,7 @@ def test_dashboards_are_built_by_the_script_and_current() -> None:
         "gpu-fleet-efficiency.json",
         "gpu-node-detail.json",
         "gpu-health.json",
+        "gpu-cost.json",
     }
 
 

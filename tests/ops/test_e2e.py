@@ -39,7 +39,13 @@ from demo.stack import (
 from gpu_exporter.cli import build_parser
 from tests.conftest import require_binary
 
-from .helpers import ALERTMANAGER_EXAMPLE, alertmanager_binary, dashboard_queries
+from .helpers import (
+    ALERTMANAGER_EXAMPLE,
+    COMPAT_RULES,
+    alertmanager_binary,
+    dashboard_queries,
+    substitute,
+)
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -53,6 +59,11 @@ SCENARIOS = {name: DEMO / "scenarios" / f"{name}.yaml" for name in ("node-a", "n
 TRUE_ALLOCATED = (4 + 1 + 5 / 7 + 1) / 8
 # SM activity over the capacity that reports it (A 4, B 2; C has no GPM):
 TRUE_SM_ACTIVE = (0.8 + 0.8 + 0.0 + 0.1 + 0.5 + 0.6 * 3 / 7 + 0.3 * 2 / 7) / 6
+
+# The kit's rules and the optional dcgm-exporter compatibility rules (docs/migration.md).
+E2E_RULE_FILES = (*RULE_FILES, COMPAT_RULES)
+DCGM_DASHBOARD = Path(__file__).parent / "data" / "dcgm_exporter_dashboard.yml"
+KSM_PATH = "/kube-state-metrics/metrics"
 
 XID_METRICS = ("gpu_xid", "gpu_drain_recommended", "class:gpu_xid")
 # NVSwitch 3 sits on PCI bus 0000:08:00.0 in the simulator.
@@ -153,6 +164,36 @@ class Stack:
         return "\n".join(parts)
 
 
+def pod_labels_exposition() -> str:
+    """kube-state-metrics' ``kube_pod_labels`` for every pod the scenarios allocate, each in the
+    Kueue LocalQueue ``<namespace>-queue`` (as with --metric-labels-allowlist)."""
+    pods = {
+        (item["namespace"], item["pod"])
+        for path in SCENARIOS.values()
+        for item in load_yaml(path).get("allocations", [])
+    }
+    lines = [
+        f'kube_pod_labels{{namespace="{ns}",pod="{pod}",uid="{ns}-{pod}",'
+        f'label_kueue_x_k8s_io_queue_name="{ns}-queue"}} 1'
+        for ns, pod in sorted(pods)
+    ]
+    return "# TYPE kube_pod_labels gauge\n" + "\n".join(lines) + "\n"
+
+
+async def kube_state_metrics(request: web.Request) -> web.Response:
+    """A stand-in kube-state-metrics target: the queue rules join its pod labels."""
+    return web.Response(text=pod_labels_exposition(), content_type="text/plain")
+
+
+def ksm_scrape_config(port: int) -> dict[str, Any]:
+    return {
+        "job_name": "kube-state-metrics",
+        "metrics_path": KSM_PATH,
+        "honor_labels": True,  # the pods' namespace/pod labels, as a real KSM job keeps them
+        "static_configs": [{"targets": [f"127.0.0.1:{port}"]}],
+    }
+
+
 def _xid_in_parser() -> bool:
     return any("--xid-classes" in a.option_strings for a in build_parser()._actions)
 
@@ -179,6 +220,7 @@ async def stack() -> AsyncIterator[Stack]:
     webhook = Webhook()
     app = web.Application()
     app.router.add_post("/{receiver}", webhook.handle)
+    app.router.add_get(KSM_PATH, kube_state_metrics)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -200,7 +242,7 @@ async def stack() -> AsyncIterator[Stack]:
         allocation_wired = await asyncio.to_thread(_allocation_wired, exporters["node-a"])
 
         rule_paths = []
-        for source in RULE_FILES:
+        for source in E2E_RULE_FILES:
             short = shorten_rules(load_yaml(source), window=WINDOW, idle_threshold_seconds=3)
             rule_paths.append(workdir / source.name)
             rule_paths[-1].write_text(yaml.safe_dump(short, sort_keys=False))
@@ -210,7 +252,12 @@ async def stack() -> AsyncIterator[Stack]:
         targets = [e.address for e in exporters.values()]
         prometheus = PrometheusProcess(
             prometheus_binary,
-            prometheus_config(targets, rule_paths, f"127.0.0.1:{alertmanager.port}"),
+            prometheus_config(
+                targets,
+                rule_paths,
+                f"127.0.0.1:{alertmanager.port}",
+                extra_scrape_configs=[ksm_scrape_config(port)],
+            ),
             workdir / "prometheus",
         )
         processes.append(prometheus)
@@ -277,7 +324,7 @@ async def test_every_rule_loads_and_evaluates_without_error(stack: Stack) -> Non
             break
         assert time.monotonic() < deadline, "rules never evaluated"
         await asyncio.sleep(0.5)
-    expected = sum(len(g["rules"]) for path in RULE_FILES for g in load_yaml(path)["groups"])
+    expected = sum(len(g["rules"]) for path in E2E_RULE_FILES for g in load_yaml(path)["groups"])
     assert len(rules) == expected
     broken = [(r["name"], r.get("lastError")) for r in rules if r["health"] != "ok"]
     assert not broken, broken
@@ -396,3 +443,20 @@ async def test_every_dashboard_query_parses_and_returns_data(stack: Stack) -> No
         f"{d}: {t}: {e}" for d, t, e in pending
     )
     assert not deferred, "queries of unwired subsystems: " + "; ".join(deferred)
+
+
+async def test_dcgm_exporters_own_dashboard_works_through_the_compat_rules(stack: Stack) -> None:
+    """Every query of NVIDIA's dcgm-exporter dashboard, unchanged, answers from gpu-exporter."""
+    queries = load_yaml(DCGM_DASHBOARD)["queries"]
+    for query in queries:
+        await stack.eventually(
+            substitute(query["expr"]), bool, f"dcgm-exporter dashboard panel {query['panel']!r}"
+        )
+
+
+async def test_idle_cost_and_queues_are_recorded_for_the_simulated_fleet(stack: Stack) -> None:
+    require_allocation(stack)
+    await stack.eventually(
+        "fleet:gpu_allocated_idle_cost_per_hour:rate5m > 0", bool, "fleet idle-allocation cost"
+    )
+    await stack.eventually("queue:gpu_allocated_seconds:rate5m", bool, "GPUs held per Kueue queue")

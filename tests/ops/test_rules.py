@@ -13,6 +13,7 @@ from tests.conftest import require_binary
 
 from .helpers import (
     ALERTING_RULES,
+    COMPAT_RULES,
     RECORDING_RULES,
     RULE_TESTS,
     RUNBOOKS,
@@ -51,6 +52,13 @@ def test_recording_rules_are_named_level_metric_operations() -> None:
                 assert LEVEL_METRIC_OPERATIONS.match(rule["record"]), rule["record"]
 
 
+def test_compat_rules_record_dcgm_exporter_names_or_our_own_levels() -> None:
+    dcgm_name = re.compile(r"^DCGM_FI_(DEV|PROF)_[A-Z0-9_]+$")
+    for rule in rules(COMPAT_RULES):
+        name = rule["record"]
+        assert dcgm_name.match(name) or LEVEL_METRIC_OPERATIONS.match(name), name
+
+
 def test_every_recording_rule_has_an_expression_test() -> None:
     tested = " ".join(
         str(case["expr"])
@@ -72,6 +80,7 @@ LEVEL_LABELS = {
     "reason": {"reason"},
     "namespace": {"namespace"},
     "namespace_class": {"namespace", "class"},
+    "queue": {"namespace", "queue"},
     "instance": TARGET,
     "instance_reason": TARGET | {"reason"},
 }
