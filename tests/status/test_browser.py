@@ -14,6 +14,7 @@ from gpu_exporter.collectors import Cadence
 from gpu_exporter.config import SimulatorConfig
 from tests.helpers import make_config
 from tests.status.browser import Elements, rendered_dom
+from tests.status.helpers import notebook_seen_idle
 
 
 @pytest.fixture
@@ -39,6 +40,8 @@ def row_of(page: Elements, gpu: str, kind: str = "gpu") -> str:
 
 
 async def test_chromium_shows_every_device_its_holders_and_bars(exporter: Exporter) -> None:
+    async with aiohttp.ClientSession(f"http://127.0.0.1:{exporter.port}") as session:
+        await notebook_seen_idle(exporter, session)
     dom = await asyncio.to_thread(rendered_dom, f"http://127.0.0.1:{exporter.port}/")
     page = Elements(dom)
     kinds = [attrs.get("data-kind") for attrs, _ in page.rows if "data-kind" in attrs]

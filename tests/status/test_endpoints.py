@@ -6,7 +6,6 @@ import json
 from collections.abc import AsyncIterator
 from importlib import resources
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import jsonschema
@@ -18,6 +17,7 @@ from gpu_exporter.collectors import Cadence
 from gpu_exporter.config import SimulatorConfig
 from gpu_exporter.http.webconfig import load_web_config
 from tests.helpers import make_config, running_exporter
+from tests.status.helpers import device, notebook_seen_idle, status_json
 from tests.web_helpers import PASSWORD, USER, bcrypt_hash, write_web_config
 
 SCHEMA = json.loads(resources.files("gpu_exporter").joinpath("data/status.schema.json").read_text())
@@ -35,22 +35,9 @@ async def exporter() -> AsyncIterator[Exporter]:
         await running.stop()
 
 
-async def status_json(session: aiohttp.ClientSession) -> dict[str, Any]:
-    async with session.get("/status.json") as response:
-        assert response.status == 200
-        assert response.content_type == "application/json"
-        document: dict[str, Any] = await response.json()
-    return document
-
-
-def device(document: dict[str, Any], gpu: str, kind: str = "gpu") -> dict[str, Any]:
-    found = [d for d in document["devices"] if d["gpu"] == gpu and d["kind"] == kind]
-    assert len(found) == 1, f"expected one {kind} row for GPU {gpu}, found {len(found)}"
-    return found[0]
-
-
 async def test_the_built_in_node_at_a_glance(exporter: Exporter) -> None:
     async with aiohttp.ClientSession(f"http://127.0.0.1:{exporter.port}") as session:
+        await notebook_seen_idle(exporter, session)
         document = await status_json(session)
         async with session.get("/") as response:
             assert response.content_type == "text/html"
