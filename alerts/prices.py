@@ -78,7 +78,9 @@ def price_group(path: Path) -> dict[str, Any]:
         "max by (instance, job, uuid) (\n"
         "  gpu_mig_info * on (instance, job, parent_uuid) group_left ()\n"
         "  max by (instance, job, parent_uuid) (\n"
-        '    label_replace(device:gpu_model_price_per_hour:value, "parent_uuid", "$1", "uuid", "(.+)")\n'
+        "    label_replace(\n"
+        '      device:gpu_model_price_per_hour:value, "parent_uuid", "$1", "uuid", "(.+)"\n'
+        "    )\n"
         "  )\n)"
     )
     rules = [{"record": "currency:gpu_price:info", "expr": _constant(1.0, currency=currency)}]

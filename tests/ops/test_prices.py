@@ -40,14 +40,15 @@ def test_the_shipped_price_file_loads() -> None:
 
 def test_a_model_name_is_quoted_safely_into_promql(tmp_path: Path) -> None:
     path = write(tmp_path, "currency: USD\ndefault: 1\nmodels: {'A \"quoted\" GPU': 2}\n")
-    group = prices.price_group(path)
-    assert '"A \\"quoted\\" GPU"' in group["rules"][0]["expr"]
+    rules = {rule["record"]: rule["expr"] for rule in prices.price_group(path)["rules"]}
+    assert '"A \\"quoted\\" GPU"' in rules["model:gpu_price_per_hour:value"]
 
 
 def test_without_listed_models_every_device_costs_the_default(tmp_path: Path) -> None:
     group = prices.price_group(write(tmp_path, "currency: USD\ndefault: 2.5\n"))
-    assert [rule["record"] for rule in group["rules"]] == ["device:gpu_price_per_hour:value"]
-    assert "+ 2.5" in group["rules"][0]["expr"]
+    rules = {rule["record"]: rule["expr"] for rule in group["rules"]}
+    assert "model:gpu_price_per_hour:value" not in rules, "no model listed, no per-model rule"
+    assert rules["device:gpu_model_price_per_hour:value"].endswith("* 0 + 2.5")
 
 
 @pytest.mark.parametrize(
