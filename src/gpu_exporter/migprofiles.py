@@ -40,12 +40,14 @@ def profile_from_attributes(parent_handle: Any, handle: Any, calls: DeviceCalls)
     )
     candidates: list[tuple[int, str]] = []
     for profile_id in range(pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
-        # A profile this GPU lacks answers NotSupported once and is not asked again.
+        # A profile this GPU lacks answers NotSupported once and is not asked again (no log:
+        # most ids are other GPUs' profiles).
         info = calls.get(
             pynvml.nvmlDeviceGetGpuInstanceProfileInfo,
             parent_handle,
             profile_id,
             signal=f"gpu_instance_profile{profile_id}",
+            quiet=True,
         )
         if info is None:
             continue

@@ -58,7 +58,7 @@ MIG_NODE = """
 
 @pytest.mark.parametrize("privileged", ["true", "false"])
 async def test_mig_instances_carry_nvidias_profile_names_with_or_without_root(
-    privileged: str,
+    privileged: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     async with simulated_sampler(MIG_NODE.replace("PRIVILEGED", privileged)) as sim:
         series = await sim.slow_round()
@@ -71,6 +71,7 @@ async def test_mig_instances_carry_nvidias_profile_names_with_or_without_root(
     assert select(series, "gpu_exporter_nvml_errors_total") == {}
     if privileged == "false":
         assert again == 0, "NoPermission is remembered per device, not asked every round"
+    assert "gpu_instance_profile" not in capsys.readouterr().out, "profiles it lacks: no log"
 
 
 async def test_without_root_a_mig_parent_loses_its_aggregate_memory_only(

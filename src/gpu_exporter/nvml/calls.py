@@ -97,6 +97,7 @@ class DeviceCalls:
         *args: Any,
         signal: str | None = None,
         explain: str | None = None,
+        quiet: bool = False,
     ) -> T | None:
         """Call ``fn(*args)``; None when the device lacks the signal or has no data right now.
 
@@ -105,6 +106,8 @@ class DeviceCalls:
         ``explain`` is added to the one log line when the signal is found NotSupported or
         FunctionNotFound: what the answer can also mean and what is lost (a versioned struct
         the driver does not take). NoPermission always says that privileges are missing.
+        ``quiet``: a NotSupported answer is expected for some of many probes (a profile table
+        scan) and remembered without a log line.
         """
         function = fn.__name__
         key = signal or function
@@ -114,15 +117,25 @@ class DeviceCalls:
         try:
             return fn(*args)
         except NVML_ERRORS as exc:
-            self._handle(exc, function, key, explain)
+            self._handle(exc, function, key, explain, quiet)
             return None
         finally:
             self.current_function = None
 
-    def _handle(self, exc: Exception, function: str, key: str, explain: str | None = None) -> None:
+    def _handle(
+        self,
+        exc: Exception,
+        function: str,
+        key: str,
+        explain: str | None = None,
+        quiet: bool = False,
+    ) -> None:
         """Classify an NVML error: remember NotSupported, raise DeviceLost, count the rest."""
         if is_not_supported(exc):
-            self._mark_unsupported(key, exc, explain)
+            if quiet:
+                self._support.mark_unsupported(self.uuid, key)
+            else:
+                self._mark_unsupported(key, exc, explain)
             return
         if is_no_permission(exc):
             self._mark_unsupported(key, exc, _NO_PERMISSION_EXPLAINED)
