@@ -4,6 +4,7 @@ receivers, and the inhibitions mute what they should in a real Alertmanager."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 import urllib.request
@@ -17,7 +18,13 @@ from demo.stack import AlertmanagerProcess, load_yaml, wait_ready, webhook_alert
 
 from tests.conftest import require_binary
 
-from .helpers import ALERTMANAGER_CASES, ALERTMANAGER_EXAMPLE, OPERATIONS, alertmanager_binary
+from .helpers import (
+    ALERTMANAGER_CASES,
+    ALERTMANAGER_EXAMPLE,
+    OPERATIONS,
+    alertmanager_binary,
+    alerts,
+)
 
 CASES = load_yaml(ALERTMANAGER_CASES)
 
@@ -55,6 +62,52 @@ def test_every_team_receiver_is_in_the_documented_namespace_mapping() -> None:
     for receiver in example["receivers"]:
         if receiver["name"].startswith("team-"):
             assert f"`{receiver['name']}`" in operations, receiver["name"]
+
+
+def routing_table() -> dict[str, tuple[str, str]]:
+    """docs/operations.md's routing table: alert name (or ``Prefix*``) -> (class, receiver)."""
+    operations = OPERATIONS.read_text()
+    section = operations[operations.index("## Alert routing") : operations.index("### Namespace")]
+    table: dict[str, tuple[str, str]] = {}
+    for line in section.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) != 3 or not cells[1].startswith("`"):
+            continue
+        klass = re.findall(r"`([^`]+)`", cells[0])[0]
+        receiver = re.findall(r"`([^`]+)`", cells[2])
+        for name in re.findall(r"`([^`]+)`", cells[1]):
+            table[name] = (klass, "team" if "team" in cells[2] else receiver[0])
+    return table
+
+
+def documented_route(name: str, table: dict[str, tuple[str, str]]) -> tuple[str, str] | None:
+    if name in table:
+        return table[name]
+    return next((v for k, v in table.items() if k.endswith("*") and name.startswith(k[:-1])), None)
+
+
+@pytest.mark.parametrize("rule", alerts(), ids=lambda rule: str(rule["alert"]))
+def test_every_alert_is_routed_as_the_operations_table_says(rule: dict[str, Any]) -> None:
+    """The table in docs/operations.md is what operators read: each alert must be in it, and the
+    example must send the alert's labels (severity, class) to the receiver the table names."""
+    documented = documented_route(rule["alert"], routing_table())
+    assert documented, f"{rule['alert']} is missing from docs/operations.md's routing table"
+    klass, receiver = documented
+    labels = {"alertname": rule["alert"], "instance": "n1", "gpu": "0"}
+    labels |= {"severity": rule["labels"]["severity"], "class": rule["labels"].get("class", klass)}
+    if receiver == "team":
+        labels["namespace"], receiver = "ml-training", "team-ml"
+    result = amtool(
+        "config",
+        "routes",
+        "test",
+        f"--config.file={ALERTMANAGER_EXAMPLE}",
+        f"--verify.receivers={receiver}",
+        *(f"{key}={value}" for key, value in labels.items()),
+    )
+    assert result.returncode == 0, (
+        f"{labels} -> {result.stdout.strip()}, docs/operations.md says {receiver}"
+    )
 
 
 @pytest.fixture(scope="module")
