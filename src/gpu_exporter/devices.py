@@ -8,7 +8,7 @@ sample.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
@@ -33,10 +33,21 @@ class DeviceId:
     gpu_instance_id: int | None = None
     compute_instance_id: int | None = None
     mig_profile: str | None = None
+    # Whole GPUs: state that explains faults and identifies the board for an RMA (gpu_info).
+    persistence_mode: str = ""  # enabled | disabled ("" unknown)
+    compute_mode: str = ""  # default | exclusive_process | prohibited
+    serial: str = ""
+    vbios_version: str = ""
 
     @property
     def is_mig(self) -> bool:
         return self.parent_uuid is not None
+
+    @property
+    def layout(self) -> DeviceId:
+        """The identity without the state that may change under a running GPU (modes, firmware):
+        a change of layout rebuilds the device's collectors, a change of state only relabels."""
+        return replace(self, persistence_mode="", compute_mode="", serial="", vbios_version="")
 
     @cached_property
     def labels(self) -> str:
@@ -146,6 +157,14 @@ def discover_gpu(index: int, support: SupportRegistry, errors: ErrorCounter) -> 
         mig_mode="unsupported" if mig is None else ("enabled" if mig_enabled else "disabled"),
         gpm_supported=gpm is not None and bool(gpm.isSupportedDevice),
     )
+    persistence, compute, serial, vbios = read_state(calls, handle)
+    gpu_id = replace(
+        gpu_id,
+        persistence_mode=persistence,
+        compute_mode=compute,
+        serial=serial,
+        vbios_version=vbios,
+    )
     gpu = Gpu(Device(gpu_id, handle))
     if mig_enabled:
         gpu.mig_devices = list(_discover_mig(gpu.device, calls))
@@ -192,3 +211,25 @@ def _mig_profile(parent: Device, handle: Any, gpu_instance_id: int, calls: Devic
                 return _text(profile.name).removeprefix("MIG ").strip()
     # Reading GPU instances needs privileges the exporter may lack; the attributes do not.
     return profile_from_attributes(parent.handle, handle, calls)
+
+
+COMPUTE_MODES = {
+    pynvml.NVML_COMPUTEMODE_DEFAULT: "default",
+    pynvml.NVML_COMPUTEMODE_EXCLUSIVE_THREAD: "exclusive_thread",
+    pynvml.NVML_COMPUTEMODE_PROHIBITED: "prohibited",
+    pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS: "exclusive_process",
+}
+
+
+def read_state(calls: DeviceCalls, handle: Any) -> tuple[str, str, str, str]:
+    """Persistence and compute mode, serial and VBIOS of a whole GPU ("" where unreadable)."""
+    persistence = calls.get(pynvml.nvmlDeviceGetPersistenceMode, handle)
+    compute = calls.get(pynvml.nvmlDeviceGetComputeMode, handle)
+    serial = calls.get(pynvml.nvmlDeviceGetSerial, handle)
+    vbios = calls.get(pynvml.nvmlDeviceGetVbiosVersion, handle)
+    return (
+        "" if persistence is None else ("enabled" if persistence else "disabled"),
+        "" if compute is None else COMPUTE_MODES.get(int(compute), str(compute)),
+        "" if serial is None else _text(serial),
+        "" if vbios is None else _text(vbios),
+    )

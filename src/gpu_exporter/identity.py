@@ -38,6 +38,10 @@ def gpu_info(device: Device, driver_version: str) -> Sample:
             "mig_mode": device.id.mig_mode,
             "activity_source": activity_source_name(device.id),
             "idle_source": idle_source_label(device.id),
+            "persistence_mode": device.id.persistence_mode,
+            "compute_mode": device.id.compute_mode,
+            "serial": device.id.serial,
+            "vbios_version": device.id.vbios_version,
         }
     )
     return Sample(GPU_INFO, join_labels(device.id.labels, extra), 1.0)

@@ -32,6 +32,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import nvml_facts
+import probes
 
 REPO = Path(__file__).resolve().parents[2]
 LOAD = r"""
@@ -52,7 +53,7 @@ print(f"load: {n} bf16 8192^3 matmuls in {seconds:.0f}s", flush=True)
 
 def all_families() -> list[str]:
     sys.path.insert(0, str(REPO / "src"))
-    from gpu_exporter import identity, sampler, xid
+    from gpu_exporter import identity, pci, sampler, xid
     from gpu_exporter.allocation import metrics as allocation
     from gpu_exporter.collectors import ALL_COLLECTORS
 
@@ -60,6 +61,7 @@ def all_families() -> list[str]:
     for collector in ALL_COLLECTORS:
         names += [f.name for f in collector.families]
     names += [f.name for f in (*xid.FAMILIES, *allocation.FAMILIES, *sampler.SELF_FAMILIES)]
+    names += [f.name for f in pci.ExpectedGpus.families]
     return list(dict.fromkeys(names))
 
 
@@ -151,6 +153,16 @@ def masks_during(gpus: int, seconds: float) -> dict[str, list[str]]:
     return dict(seen)
 
 
+def nvml_probes(gpus: int) -> dict[str, Any]:
+    """Raw NVML answers for the interconnect signals (tests/hardware/probes.py), printed."""
+    answers = probes.interconnect_probes(gpus)
+    print("\n=== raw NVML: NVLink, PCIe, fabric, engines, thresholds ===")
+    for gpu, probe in answers.items():
+        for key, value in probe.items():
+            print(f"gpu {gpu} {key:28s} {json.dumps(value)[:400]}")
+    return answers
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--load-seconds", type=float, default=20.0)
@@ -189,6 +201,7 @@ def main() -> int:
         families = all_families()
         results["idle"] = report("idle", families, scrape(base))
         results["reasons_idle"] = nvml_facts.current_reasons(gpus)
+        results["interconnect_probes"] = nvml_probes(gpus)
         if args.simulate:
             print("\nload phase skipped: --simulate")
         else:

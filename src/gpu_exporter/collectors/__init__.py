@@ -7,14 +7,17 @@ from .base import Cadence, Collector, CollectorContext, SampleWriter, Scope
 from .clock_events import ClockEventsCollector
 from .clocks import ClocksCollector
 from .ecc import EccCollector
+from .fabric import FabricCollector
 from .memory import MemoryCollector
 from .nvlink import InterconnectCollector, NvLinkStateCollector
 from .pcie import PcieLinkCollector
+from .pipes import EnginesCollector
 from .power import PowerCollector
 from .recovery import RecoveryCollector
 from .remap import RemapCollector
 from .retired_pages import RetiredPagesCollector
 from .temperature import TemperatureCollector
+from .thresholds import ThresholdsCollector
 from .utilization import UtilizationCollector
 
 ALL_COLLECTORS: tuple[type[Collector], ...] = (
@@ -23,6 +26,7 @@ ALL_COLLECTORS: tuple[type[Collector], ...] = (
     MemoryCollector,
     PowerCollector,
     TemperatureCollector,
+    ThresholdsCollector,
     ClocksCollector,
     ClockEventsCollector,
     EccCollector,
@@ -32,6 +36,8 @@ ALL_COLLECTORS: tuple[type[Collector], ...] = (
     NvLinkStateCollector,
     PcieLinkCollector,
     InterconnectCollector,
+    FabricCollector,
+    EnginesCollector,
 )
 
 

@@ -9,7 +9,8 @@ activity series, rather than a misleading substitute.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import pynvml
@@ -19,6 +20,7 @@ from ..exposition import counter, gauge
 from ..ledger import ActivityKind
 from ..nvml import DeviceCalls
 from .base import Cadence, Collector, CollectorContext, Integral, SampleWriter, Scope, clamp_ratio
+from .pipes import EXTRA_GPM_METRICS, PIPE_ACTIVE, PIPE_SECONDS, PipeTotals, pipe_ratios
 
 SM_ACTIVE = gauge(
     "gpu_sm_active_ratio",
@@ -55,6 +57,8 @@ class ActivityReading:
     sm_occupancy: float | None
     tensor_active: float | None
     dram_active: float | None
+    # The other pipes ("pipe:fp64" -> ratio; pipes.py).
+    extra: Mapping[str, float] = field(default_factory=dict)
 
 
 class ActivitySource(ABC):
@@ -90,6 +94,8 @@ class GpmSource(ActivitySource):
         self._clock = context.clock
         self._buffers: list[Any] = []
         self._previous: tuple[Any, float] | None = None
+        # Metric ids asked: pipes that answer NotSupported are not asked again.
+        self._metric_ids: tuple[int, ...] = (*_GPM_METRICS, *EXTRA_GPM_METRICS)
 
     def read(self, calls: DeviceCalls) -> ActivityReading | None:
         if not self._buffers:
@@ -137,20 +143,33 @@ class GpmSource(ActivitySource):
     ) -> ActivityReading | None:
         request = pynvml.c_nvmlGpmMetricsGet_t()
         request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
-        request.numMetrics = len(_GPM_METRICS)
+        ids = self._metric_ids
+        request.numMetrics = len(ids)
         request.sample1 = first[0]
         request.sample2 = second[0]
-        for slot, metric_id in enumerate(_GPM_METRICS):
+        for slot, metric_id in enumerate(ids):
             request.metrics[slot].metricId = metric_id
         result = calls.get(pynvml.nvmlGpmMetricsGet, request)
         if result is None:
             return None
-        values: list[float | None] = []
-        for slot in range(len(_GPM_METRICS)):
+        answered: dict[int, float] = {}
+        lacking: set[int] = set()
+        for slot, metric_id in enumerate(ids):
             metric = result.metrics[slot]
-            ok = int(metric.nvmlReturn) == pynvml.NVML_SUCCESS
-            values.append(clamp_ratio(float(metric.value)) if ok else None)
-        return ActivityReading(first[1], second[1], *values)
+            code = int(metric.nvmlReturn)
+            if code == pynvml.NVML_SUCCESS:
+                answered[metric_id] = float(metric.value)
+            elif code == pynvml.NVML_ERROR_NOT_SUPPORTED and metric_id in EXTRA_GPM_METRICS:
+                lacking.add(metric_id)
+        if lacking:
+            self._metric_ids = tuple(m for m in ids if m not in lacking)
+
+        def ratio(metric_id: int) -> float | None:
+            return clamp_ratio(answered[metric_id]) if metric_id in answered else None
+
+        sm, occupancy, tensor, dram = (ratio(m) for m in _GPM_METRICS)
+        extra = pipe_ratios(answered)
+        return ActivityReading(first[1], second[1], sm, occupancy, tensor, dram, extra)
 
 
 def make_activity_source(device: Device, context: CollectorContext) -> ActivitySource | None:
@@ -172,6 +191,8 @@ class ActivityCollector(Collector):
         TENSOR_ACTIVE_SECONDS,
         DRAM_ACTIVE,
         DRAM_ACTIVE_SECONDS,
+        PIPE_ACTIVE,
+        PIPE_SECONDS,
     )
 
     def __init__(self, device: Device, context: CollectorContext) -> None:
@@ -180,6 +201,7 @@ class ActivityCollector(Collector):
         self._sm = Integral()
         self._tensor = Integral()
         self._dram = Integral()
+        self._pipes = PipeTotals()
         self._last: ActivityReading | None = None
 
     @classmethod
@@ -205,6 +227,7 @@ class ActivityCollector(Collector):
         self._emit(out, DRAM_ACTIVE, DRAM_ACTIVE_SECONDS, last.dram_active, self._dram)
         if last.sm_occupancy is not None:
             out.add(SM_OCCUPANCY, last.sm_occupancy)
+        self._pipes.emit(out)
 
     def close(self, calls: DeviceCalls) -> None:
         if self._source is not None:
@@ -218,6 +241,7 @@ class ActivityCollector(Collector):
         ):
             if ratio is not None:
                 integral.total += ratio * (reading.end - reading.start)
+        self._pipes.credit(reading.extra, reading.end - reading.start)
 
     @staticmethod
     def _emit(

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from functools import cache
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import pynvml
 
@@ -170,14 +169,17 @@ class DeviceCalls:
         wanted = [f for f in field_ids if field_signal(f) not in lacking] if lacking else field_ids
         if not wanted:
             return {}
-        values = self.get(pynvml.nvmlDeviceGetFieldValues, handle, wanted, signal="field_values")
+        # Every id as (id, scope): pynvml's wrapper takes a bare id through a caught TypeError,
+        # which costs more than the rest of a field's handling (scope 0 is NVML's default).
+        scoped = [key if isinstance(key, tuple) else (key, 0) for key in wanted]
+        values = self.get(pynvml.nvmlDeviceGetFieldValues, handle, scoped, signal="field_values")
         result: dict[FieldKey, FieldValue] = {}
         for key, value in zip(wanted, values or (), strict=False):  # in request order
-            code = int(value.nvmlReturn)
+            code = value.nvmlReturn
             if code == pynvml.NVML_SUCCESS:
-                result[key] = FieldValue(
-                    _field_number(value), int(value.valueType), int(value.timestamp)
-                )
+                kind = value.valueType
+                number = getattr(value.value, _VALUE_MEMBERS.get(kind, "ullVal"))
+                result[key] = FieldValue(float(number), kind, value.timestamp)
             elif code in _FIELD_UNSUPPORTED:
                 self._mark_unsupported(field_signal(key), pynvml.NVMLError(code))
             elif code != pynvml.NVML_ERROR_NOT_FOUND:
@@ -203,9 +205,10 @@ _NO_PERMISSION_EXPLAINED = (
 )
 
 
-@dataclass(frozen=True)
-class FieldValue:
-    """One field as NVML answered it: the number, its ``nvmlValueType_t`` and its timestamp (us)."""
+class FieldValue(NamedTuple):
+    """One field as NVML answered it: the number, its ``nvmlValueType_t`` and its timestamp (us).
+
+    A named tuple, not a dataclass: a batch builds dozens per device and round."""
 
     value: float
     value_type: int

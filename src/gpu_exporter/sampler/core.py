@@ -422,6 +422,12 @@ class Sampler:
         gpu = future.result()
         if [d.id for d in gpu.devices()] == [d.id for d in previous.devices()]:
             return
+        if [d.id.layout for d in gpu.devices()] == [d.id.layout for d in previous.devices()]:
+            # Only state changed (persistence or compute mode): relabel, keep the collectors.
+            for old, new in zip(previous.devices(), gpu.devices(), strict=True):
+                old.id = new.id
+            self._identities.clear()
+            return
         _log.info("device layout changed", gpu=state.index, devices=len(list(gpu.devices())))
         # What the GPU lacked may have been its MIG layout (remapped rows, utilisation, aggregate
         # memory answer NotSupported while instances exist): learn it again, once.

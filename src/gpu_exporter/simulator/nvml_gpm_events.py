@@ -41,8 +41,23 @@ GPM_ACTIVITY = {
     pynvml.NVML_GPM_METRIC_HMMA_TENSOR_UTIL: "tensor",
     pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL: "dram",
 }
+# The non-tensor pipes' share of SM activity (a mixed training workload: mostly FP32 and integer
+# address arithmetic, some FP16 outside the tensor cores, a trace of FP64).
+GPM_PIPE_SHARES = {
+    pynvml.NVML_GPM_METRIC_FP64_UTIL: 0.02,
+    pynvml.NVML_GPM_METRIC_FP32_UTIL: 0.4,
+    pynvml.NVML_GPM_METRIC_FP16_UTIL: 0.15,
+    pynvml.NVML_GPM_METRIC_INTEGER_UTIL: 0.25,
+}
+# Media engine instances: GPM metric id of instance 0 and the model's engine count key.
+GPM_ENGINES = {
+    pynvml.NVML_GPM_METRIC_NVENC_0_UTIL: ("encoders", 4),
+    pynvml.NVML_GPM_METRIC_NVDEC_0_UTIL: ("decoders", 8),
+    pynvml.NVML_GPM_METRIC_NVJPG_0_UTIL: ("jpeg", 8),
+    pynvml.NVML_GPM_METRIC_NVOFA_0_UTIL: ("ofa", 2),
+}
 # Pipes and links the simulator does not model read as idle rather than unsupported.
-GPM_ZERO = frozenset({4, 6, 8, 9, 11, 12, 13, 20, 21, 60, 61})
+GPM_ZERO = frozenset({6, 8, 9, 20, 21, 60, 61})
 GPM_MIN_SPACING_S = 0.1
 PSTATE_EVENT = 0x4
 CLOCK_EVENT = 0x10
@@ -214,9 +229,29 @@ def _fill_metric(metric: Any, early: GpmSample, late: GpmSample) -> None:
     if metric_id in GPM_ACTIVITY:
         name = GPM_ACTIVITY[metric_id]
         metric.value = 100 * (late.integrals[name] - early.integrals[name]) / (late.t - early.t)
+    elif metric_id in GPM_PIPE_SHARES:
+        share = GPM_PIPE_SHARES[metric_id]
+        metric.value = (
+            share * 100 * (late.integrals["sm"] - early.integrals["sm"]) / (late.t - early.t)
+        )
+    elif (engine := _engine_instance(metric_id)) is not None:
+        kind, instance = engine
+        model = early.device.gpu.model
+        if instance < model.engines.get(kind, 0):
+            metric.value = 0.0  # no simulated workload uses the media engines
+        else:
+            metric.nvmlReturn = NOT_SUPPORTED  # an engine instance the GPU does not have
     elif metric_id in GPM_ZERO:
         metric.value = 0.0
     elif 0 < metric_id < pynvml.NVML_GPM_METRIC_MAX:
         metric.nvmlReturn = NOT_SUPPORTED
     else:
         metric.nvmlReturn = INVALID_ARGUMENT
+
+
+def _engine_instance(metric_id: int) -> tuple[str, int] | None:
+    """(engine count key, instance) of a media-engine GPM metric; None for other metrics."""
+    for first, (kind, count) in GPM_ENGINES.items():
+        if first <= metric_id < first + count:
+            return kind, metric_id - first
+    return None

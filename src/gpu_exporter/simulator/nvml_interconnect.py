@@ -200,19 +200,11 @@ class InterconnectFunctions(FunctionsBase):
 
     # ------------------------------------------------------------------ engines
 
-    def _engine(self, handle: Any, engine: str, value: Any, period: Any) -> int:
-        gpu = self.gpu(handle)
-        if not gpu.model.engines.get(ENGINES[engine], 0):
-            raise NvmlFailure(NOT_SUPPORTED)
-        out(value).value = 0  # no simulated workload uses the media engines
-        out(period).value = ENGINE_SAMPLING_US
-        return SUCCESS
-
     def nvmlDeviceGetJpgUtilization(self, handle: Any, value: Any, period: Any) -> int:
-        return self._engine(handle, "jpeg", value, period)
+        return engine_utilization(self.gpu(handle), "jpeg", value, period)
 
     def nvmlDeviceGetOfaUtilization(self, handle: Any, value: Any, period: Any) -> int:
-        return self._engine(handle, "ofa", value, period)
+        return engine_utilization(self.gpu(handle), "ofa", value, period)
 
     # ------------------------------------------------------------------ device state
 
@@ -234,3 +226,12 @@ class InterconnectFunctions(FunctionsBase):
             raise NvmlFailure(NOT_SUPPORTED)
         out(temp).value = gpu.model.thresholds[name]
         return SUCCESS
+
+
+def engine_utilization(gpu: GpuDevice, engine: str, value: Any, period: Any) -> int:
+    """``nvmlDevice<Engine>Utilization``: NotSupported where the model has no such engine."""
+    if not gpu.model.engines.get(ENGINES[engine], 0):
+        raise NvmlFailure(NOT_SUPPORTED)
+    out(value).value = 0  # no simulated workload uses the media engines
+    out(period).value = ENGINE_SAMPLING_US
+    return SUCCESS

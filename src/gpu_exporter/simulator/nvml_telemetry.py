@@ -23,6 +23,7 @@ from gpu_exporter.simulator.nvml_base import (
     out,
     val,
 )
+from gpu_exporter.simulator.nvml_interconnect import engine_utilization
 
 # NVML averages utilisation over its last sample period (1/6 s .. 1 s); one second here.
 UTILIZATION_WINDOW_S = 1.0
@@ -95,6 +96,12 @@ class TelemetryFunctions(FunctionsBase):
         result.gpu = round(100 * gpu.mean("util", start, t))
         result.memory = round(100 * gpu.mean("dram", start, t))
         return SUCCESS
+
+    def nvmlDeviceGetEncoderUtilization(self, handle: Any, value: Any, period: Any) -> int:
+        return engine_utilization(self.gpu(handle), "encoder", value, period)
+
+    def nvmlDeviceGetDecoderUtilization(self, handle: Any, value: Any, period: Any) -> int:
+        return engine_utilization(self.gpu(handle), "decoder", value, period)
 
     # ------------------------------------------------------------------ power and thermal
 
