@@ -15,8 +15,9 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 
 from ..logs import RateLimitedLog, get_logger
+from .ops import CountKey, SxidKey
 from .parser import SxidLine
-from .state import CountKey, LastKey, SxidKey
+from .state import LastKey
 
 OTHER = "other"
 MAX_UNKNOWN_XIDS_PER_GPU = 8  # distinct codes not in the class table, per GPU

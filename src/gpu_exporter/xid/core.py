@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -21,8 +21,25 @@ from ..logs import RateLimitedLog, get_logger
 from .bounds import LabelBounds
 from .classes import Classifier
 from .journal import Journal
+from .ops import (
+    Boot,
+    ClearLatch,
+    Count,
+    CountKey,
+    Duplicate,
+    Expire,
+    KmsgMark,
+    KmsgPosition,
+    Numbered,
+    Op,
+    Origin,
+    SetLatch,
+    SxidCount,
+    SxidExpire,
+    SxidKey,
+)
 from .parser import SxidLine, text_hash
-from .state import REASONS, CountKey, LastKey, Op, SxidKey, XidState
+from .state import REASONS, LastKey, XidState
 
 SOURCE_KMSG = "kmsg"
 SOURCE_NVML = "nvml_events"
@@ -45,12 +62,6 @@ class HolderLookup(Protocol):
     """
 
     def holder(self, uuid: str, at_wall_time: float, pid: int | None) -> tuple[str, str] | None: ...
-
-
-# Where a kernel-log record sits: (boot id, seq, wall time of usec 0, file key, end offset).
-KmsgPosition = tuple[str, int | None, float | None, str | None, int | None]
-# A kernel-log record's identity without a sequence number: (usec, text hash, occurrence).
-KmsgMark = tuple[int | None, str, int]
 
 
 @dataclass(frozen=True)
@@ -148,7 +159,7 @@ class XidCore:
                         boot_id=boot_id,
                         cleared=len(list(self._state.latched())),
                     )
-                self._state.apply(self._journal.number([{"op": "boot", "b": boot_id}])[0])
+                self._state.apply(self._journal.number([Boot(boot_id)])[0])
             self._journal.compact(self._state.to_snapshot())
             self._publish()
 
@@ -211,7 +222,7 @@ class XidCore:
         outcomes: list[bool] = []
         counted_labels: list[CountKey | None] = []
         with self._lock:
-            applied: list[Op] = []
+            applied: list[Numbered] = []
             for obs, labels in prepared:
                 if isinstance(obs, SxidObservation):
                     key = self._bounds.sxid(obs.line, self._state.sxid_last)
@@ -224,7 +235,7 @@ class XidCore:
                 counted_labels.append(labels)
                 # Applied one by one: a later report in the same batch may be this one's twin.
                 op = self._decide(obs, labels)
-                counted = op["op"] == "count"
+                counted = isinstance(op, Count)
                 outcomes.append(counted)
                 applied += self._apply([op, *self._latch_ops(obs, labels)] if counted else [op])
                 if not counted:
@@ -257,20 +268,15 @@ class XidCore:
             return "", ""
         return found if found is not None else ("", "")
 
-    def _decide(self, obs: Observation, labels: CountKey) -> Op:
-        position = list(obs.kmsg) if obs.kmsg is not None else None
+    def _decide(self, obs: Observation, labels: CountKey) -> Count | Duplicate:
         twin = self._state.find_twin(obs.dedup_key, obs.xid, obs.when, obs.channel, self._window)
-        op: Op
+        origin = _origin(obs.kmsg, obs.kmsg_mark, obs.raw)
         if twin is not None:
-            op = {"op": "dup", "r": twin, "c": obs.channel, "k": position}
-        else:
-            # The raw code last: the label may be "other"; an older exporter ignores it.
-            recent = [self._state.next_id, obs.dedup_key, [obs.channel], obs.xid]
-            op = {"op": "count", "l": list(labels), "w": obs.when, "r": recent, "k": position}
-        _mark(op, obs.kmsg, obs.kmsg_mark, obs.raw)
-        return op
+            return Duplicate(twin, obs.channel, origin)
+        next_id = self._state.next_id
+        return Count(labels, obs.when, next_id, obs.dedup_key, (obs.channel,), obs.xid, origin)
 
-    def _latch_ops(self, obs: Observation, labels: CountKey) -> list[Op]:
+    def _latch_ops(self, obs: Observation, labels: CountKey) -> list[SetLatch]:
         if labels[3] != "hardware" or not obs.gpu_uuid:
             return []
         return self._latch_on(obs.gpu_uuid, labels[0], "hardware_xid")
@@ -314,8 +320,8 @@ class XidCore:
             expired = self._state.expirable(before)
             sxids = self._state.sxid_expirable(before)
             if expired or sxids:
-                ops: list[Op] = [{"op": "expire", "l": list(labels)} for labels in expired]
-                ops += [{"op": "sxid_expire", "l": list(key)} for key in sxids]
+                ops: list[Op] = [Expire(labels) for labels in expired]
+                ops += [SxidExpire(key) for key in sxids]
                 self._apply(ops)
                 # Into a snapshot rather than the log: an older exporter reads the snapshot
                 # (showing the series again) where an unknown op would stop its replay.
@@ -347,7 +353,7 @@ class XidCore:
         with self._lock:
             latched = self._state.latches.get(gpu_uuid, {})
             reasons = [r for r in latched if wanted is None or r in wanted]
-            ops: list[Op] = [{"op": "latch", "u": gpu_uuid, "why": r, "on": False} for r in reasons]
+            ops: list[Op] = [ClearLatch(gpu_uuid, reason) for reason in reasons]
             if ops:
                 self._commit(ops)
         if reasons:
@@ -366,25 +372,24 @@ class XidCore:
             if lost:
                 self.clear_latches(gpu_uuid, "lost GPU answers after an exporter restart")
 
-    def _latch_on(self, gpu_uuid: str, gpu: str, reason: str) -> list[Op]:
+    def _latch_on(self, gpu_uuid: str, gpu: str, reason: str) -> list[SetLatch]:
         assert reason in REASONS
         if reason in self._state.latches.get(gpu_uuid, {}):
             return []
-        return [{"op": "latch", "u": gpu_uuid, "g": gpu, "why": reason, "on": True,
-                 "t": self._clock()}]  # fmt: skip
+        return [SetLatch(gpu_uuid, gpu, reason, self._clock())]
 
     # -- persistence and publication -----------------------------------------------------------
 
-    def _commit(self, ops: list[Op]) -> None:
+    def _commit(self, ops: Sequence[Op]) -> None:
         self._persist(self._apply(ops))
 
-    def _apply(self, ops: list[Op]) -> list[Op]:
+    def _apply(self, ops: Sequence[Op]) -> list[Numbered]:
         numbered = self._journal.number(ops)
         for op in numbered:
             self._state.apply(op)
         return numbered
 
-    def _persist(self, numbered: list[Op]) -> None:
+    def _persist(self, numbered: list[Numbered]) -> None:
         """Durable before the readers move on (the ops are already applied in memory)."""
         self._journal.append(numbered, self._state.to_snapshot)
         self._publish()
@@ -425,25 +430,18 @@ class XidCore:
             self._journal.close()
 
 
-def _sxid_op(obs: SxidObservation, key: SxidKey) -> Op:
-    op: Op = {
-        "op": "sxid",
-        "l": list(key),
-        "w": obs.when,
-        "k": list(obs.kmsg) if obs.kmsg is not None else None,
-    }
-    _mark(op, obs.kmsg, obs.kmsg_mark, obs.raw)
-    return op
+def _sxid_op(obs: SxidObservation, key: SxidKey) -> SxidCount:
+    return SxidCount(key, obs.when, _origin(obs.kmsg, obs.kmsg_mark, obs.raw))
 
 
-def _mark(op: Op, position: KmsgPosition | None, mark: KmsgMark | None, raw: str) -> None:
+def _origin(position: KmsgPosition | None, mark: KmsgMark | None, raw: str) -> Origin:
     """The record's identity beside its position: its mark (no sequence numbers), or for a
     regular file the hash of its text, which tells a later start whether the file still holds
     that record at that offset."""
-    if mark is not None:
-        op["m"] = list(mark)
-    if position is not None and position[3] is not None:
-        op["fh"] = text_hash(raw)
+    position = None if position is None else KmsgPosition(*position)  # plain tuples too
+    mark = None if mark is None else KmsgMark(*mark)
+    in_file = position is not None and position.file_key is not None
+    return Origin(position, mark, text_hash(raw) if in_file else None)
 
 
 def _log_sxid(obs: SxidObservation) -> None:

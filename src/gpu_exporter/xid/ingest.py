@@ -15,8 +15,6 @@ from ..logs import get_logger
 from .core import (
     SOURCE_KMSG,
     SOURCE_NVML,
-    KmsgMark,
-    KmsgPosition,
     Observation,
     SxidObservation,
     XidCore,
@@ -24,6 +22,7 @@ from .core import (
 from .kmsg import Batch
 from .lines import offset_problem
 from .nvml_events import Inventory
+from .ops import KmsgMark, KmsgPosition
 from .parser import (
     FallenOffBusTracker,
     KmsgRecord,
@@ -99,7 +98,7 @@ class Ingest:
                 continue  # handled before a restart: the ring buffer (or file) replays it
             if batch.live and record.usec is not None:
                 self.offset = batch.arrival - record.usec / 1e6
-            position = (*position[:2], self.offset, *position[3:])
+            position = position._replace(offset=self.offset)
             message = record.message
             line = parse_xid(message) or self._tracker.feed(message)
             if line is not None:
@@ -126,11 +125,11 @@ class Ingest:
             return batch.marks[index]
         if batch.file_key is not None or record.usec is None:
             return None
-        return (record.usec, text_hash(record.message), 0)
+        return KmsgMark(record.usec, text_hash(record.message), 0)
 
     def _position(self, batch: Batch, index: int, record: KmsgRecord) -> KmsgPosition:
         end = batch.ends[index] if batch.ends is not None else None
-        return (self.boot_id, record.seq, self.offset, batch.file_key, end)
+        return KmsgPosition(self.boot_id, record.seq, self.offset, batch.file_key, end)
 
     def _event_time(self, record: KmsgRecord, batch: Batch) -> float:
         if record.usec is None or self.offset is None:

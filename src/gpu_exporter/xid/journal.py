@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from ..logs import RateLimitedLog, get_logger
-from .state import BadOp, Op, XidState
+from .ops import BadOp, Numbered, Op, encode
+from .state import XidState
 
 SNAPSHOT_NAME = "xid-state.json"
 LOG_NAME = "xid-journal.jsonl"
@@ -114,7 +115,7 @@ class Journal:
             self._set_aside(path)
             return XidState()
 
-    def _load_ops(self) -> list[Op]:
+    def _load_ops(self) -> list[dict[str, Any]]:
         assert self._dir is not None
         try:
             data = (self._dir / LOG_NAME).read_bytes()
@@ -127,7 +128,7 @@ class Journal:
         torn = lines.pop()  # after the last newline: empty, or a write cut short by a crash
         if torn:
             _log.warning("ignoring a partly written last journal line", bytes=len(torn))
-        ops: list[Op] = []
+        ops: list[dict[str, Any]] = []
         for number, line in enumerate(lines, start=1):
             if not line.strip():
                 continue
@@ -156,22 +157,23 @@ class Journal:
 
     # -- writing -----------------------------------------------------------------------------
 
-    def number(self, ops: Iterable[Op]) -> list[Op]:
+    def number(self, ops: Iterable[Op]) -> list[Numbered]:
         """Give each op its journal number (before it is applied, so replay skips it once)."""
         numbered = []
         for op in ops:
-            numbered.append({**op, "n": self._next_number})
+            numbered.append(Numbered(self._next_number, op))
             self._next_number += 1
         return numbered
 
-    def append(self, ops: list[Op], snapshot: Callable[[], dict[str, Any]]) -> None:
+    def append(self, ops: list[Numbered], snapshot: Callable[[], dict[str, Any]]) -> None:
         """Make ``ops`` durable: appended and fsynced, or folded into a fresh snapshot."""
         if self._dir is None or not ops:
             return
         if self._needs_snapshot or self._ops_in_log + len(ops) > COMPACT_AFTER_OPS:
             self.compact(snapshot())
             return
-        payload = "".join(json.dumps(op, separators=(",", ":")) + "\n" for op in ops).encode()
+        lines = (json.dumps(encode(n.op, n.number), separators=(",", ":")) for n in ops)
+        payload = "".join(line + "\n" for line in lines).encode()
         try:
             fd = self._log_fd()
             _write_all(self._write, fd, payload)

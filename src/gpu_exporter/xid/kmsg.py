@@ -35,11 +35,11 @@ from pathlib import Path
 
 from ..logs import RateLimitedLog, get_logger
 from .lines import MAX_RECORD, LineSplitter
+from .ops import KmsgMark
 from .parser import KmsgRecord, parse_record
 from .syslog import (
     MAX_OVERLAP_CANDIDATES,
     Klogctl,
-    Mark,
     ReadAll,
     SyslogBuffer,
     overlap,
@@ -53,7 +53,6 @@ __all__ = [
     "KmsgReader",
     "KmsgSyscalls",
     "LineSplitter",
-    "Mark",
     "ReadAll",
     "SyslogBuffer",
     "overlap",
@@ -83,7 +82,7 @@ class Batch:
     ends: list[int] | None = None
     # syslog(2): each record's mark, in buffer order (the first, non-live batch is the whole
     # buffer, so a restart can find where it stopped).
-    marks: list[Mark] | None = None
+    marks: list[KmsgMark] | None = None
 
 
 Handler = Callable[[Batch], None]

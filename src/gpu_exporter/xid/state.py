@@ -1,7 +1,8 @@
 """The Xid state that must survive restarts, as a pure value changed only by *ops*.
 
 Every change (an Xid or NVSwitch SXid counted, a duplicate matched, a pod's series expired, a
-drain latch set or cleared, a new boot) is an op: a small JSON-able dict. The live path applies
+drain latch set or cleared, a new boot) is an op, a typed value (``ops.py``, which also holds the
+journal's compact form). The live path applies
 an op and appends it to the journal; startup replays the journal's ops onto the last snapshot
 with the same :meth:`XidState.apply`, so the state after a crash is exactly the state before it,
 up to the last op written. An op carries the kernel-log position (boot id, sequence number) of
@@ -13,28 +14,40 @@ exporter ignores the key.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-# (gpu, uuid, xid, class, action, namespace, pod): the label values of gpu_xid_errors_total.
-CountKey = tuple[str, str, str, str, str, str, str]
+from .ops import (
+    BadOp,
+    Boot,
+    ClearLatch,
+    Count,
+    CountKey,
+    Duplicate,
+    Expire,
+    KmsgPosition,
+    Numbered,
+    Op,
+    Origin,
+    SetLatch,
+    SxidCount,
+    SxidExpire,
+    SxidKey,
+    count_key,
+    decode,
+    mark,
+)
+
 # (gpu, uuid, xid, class): the labels of gpu_xid_last_timestamp_seconds.
 LastKey = tuple[str, str, str, str]
 # (gpu, uuid, class): the labels of gpu_xid_class_errors_total.
 ClassKey = tuple[str, str, str]
-# (switch, pci_bus_id, sxid, severity): the labels of gpu_nvswitch_sxid_errors_total.
-SxidKey = tuple[str, str, str, str]
-Op = dict[str, Any]
 
 REASONS = ("hardware_xid", "row_remap_failure", "device_lost")
 RECENT_HORIZON_S = 3600.0  # older events cannot have a twin still to come
 RECENT_MAX = 2048
 SNAPSHOT_VERSION = 1
-
-
-class BadOp(ValueError):
-    """An op or snapshot that does not have the expected shape (a corrupt journal)."""
 
 
 @dataclass
@@ -75,7 +88,7 @@ class XidState:
     kmsg_file_hash: str | None = None
     # The latest kernel-log record handled in ``boot_id`` as [usec | None, text hash, occurrence]:
     # where a restart reading syslog(2), which has no sequence numbers, resumes.
-    kmsg_mark: list[Any] | None = None
+    kmsg_mark: list[Any] | None = None  # a KmsgMark's fields, as the snapshot holds them
     next_id: int = 1
     op_number: int = 0  # the last op applied (ops numbered in the journal)
 
@@ -171,122 +184,112 @@ class XidState:
 
     # -- changes ---------------------------------------------------------------------------
 
-    def apply(self, op: Mapping[str, Any]) -> None:
-        """Apply one op. Raises :class:`BadOp` when it is malformed (nothing is changed then)."""
+    def apply(self, op: Op | Numbered | Mapping[str, Any]) -> None:
+        """Apply one op (typed, numbered, or a journal record as the file holds it). Raises
+        :class:`BadOp` when it is malformed (nothing is changed then)."""
+        number: int | None = None
+        if isinstance(op, Numbered):
+            number, op = op.number, op.op
+        elif isinstance(op, Mapping):
+            number, op = decode(op)
         try:
-            kind = op["op"]
-            handler = _HANDLERS[kind]
-        except (KeyError, TypeError) as exc:
-            raise BadOp(f"unknown op {op!r:.80}") from exc
-        try:
-            handler(self, op)
+            self._apply(op)
         except (KeyError, TypeError, ValueError, IndexError) as exc:
-            raise BadOp(f"malformed {kind} op: {exc}") from exc
-        number = op.get("n")
-        if isinstance(number, int):
+            raise BadOp(f"malformed {type(op).__name__} op: {exc}") from exc
+        if number is not None:
             self.op_number = max(self.op_number, number)
 
-    def _count(self, op: Mapping[str, Any]) -> None:
-        labels = _count_key(op["l"])
-        when = float(op["w"])
-        recent = op["r"]
-        channels = {str(c) for c in recent[2]}
-        self._kmsg(op.get("k"), op.get("fh"))
-        self._mark(op.get("m"))
+    def _apply(self, op: Op) -> None:
+        match op:
+            case Count():
+                self._count(op)
+            case Duplicate():
+                self._origin(op.origin)
+                for recent in self.recent:
+                    if recent.id == op.target:
+                        recent.channels.add(op.channel)
+                        break
+            case SxidCount():
+                self._origin(op.origin)
+                self.sxid_counts[op.labels] = self.sxid_counts.get(op.labels, 0.0) + 1.0
+                self.sxid_last[op.labels] = max(op.when, self.sxid_last.get(op.labels, op.when))
+            case Expire():
+                self._expire(op.labels)
+            case SxidExpire():
+                self.sxid_counts.pop(op.labels, None)
+                self.sxid_last.pop(op.labels, None)
+            case SetLatch() | ClearLatch():
+                self._latch(op)
+            case Boot():
+                self._boot(op.boot_id)
+
+    def _count(self, op: Count) -> None:
+        labels, when = op.labels, op.when
+        self._origin(op.origin)
         self.counts[labels] = self.counts.get(labels, 0.0) + 1.0
         self.count_last[labels] = max(when, self.count_last.get(labels, when))
         last_key = labels[:4]
         self.last_seen[last_key] = max(when, self.last_seen.get(last_key, when))
-        xid = int(recent[3]) if len(recent) > 3 else int(labels[2])  # the label may be "other"
-        self.recent.append(Recent(int(recent[0]), str(recent[1]), xid, when, channels))
-        self.next_id = max(self.next_id, int(recent[0]) + 1)
+        xid = op.xid if op.xid is not None else int(labels[2])  # the label may be "other"
+        self.recent.append(Recent(op.event_id, op.dedup_key, xid, when, set(op.channels)))
+        self.next_id = max(self.next_id, op.event_id + 1)
         self._prune(when)
 
-    def _sxid(self, op: Mapping[str, Any]) -> None:
-        switch, bus_id, sxid, severity = (str(value) for value in op["l"])
-        self._kmsg(op.get("k"), op.get("fh"))
-        self._mark(op.get("m"))
-        key = (switch, bus_id, sxid, severity)
-        self.sxid_counts[key] = self.sxid_counts.get(key, 0.0) + 1.0
-        when = float(op["w"])
-        self.sxid_last[key] = max(when, self.sxid_last.get(key, when))
-
-    def _dup(self, op: Mapping[str, Any]) -> None:
-        target, channel = int(op["r"]), str(op["c"])
-        self._kmsg(op.get("k"), op.get("fh"))
-        self._mark(op.get("m"))
-        for recent in self.recent:
-            if recent.id == target:
-                recent.channels.add(channel)
-                return
-
-    def _expire(self, op: Mapping[str, Any]) -> None:
+    def _expire(self, labels: CountKey) -> None:
         """A pod's series leaves the exposition; its count stays in its class's total."""
-        labels = _count_key(op["l"])
         self.count_last.pop(labels, None)
         value = self.counts.pop(labels, 0.0)
         if value:
             key = (labels[0], labels[1], labels[3])
             self.expired[key] = self.expired.get(key, 0.0) + value
 
-    def _sxid_expire(self, op: Mapping[str, Any]) -> None:
-        """An NVSwitch's SXid series leaves the exposition (retention, as for pod series)."""
-        switch, bus_id, sxid, severity = (str(value) for value in op["l"])
-        key = (switch, bus_id, sxid, severity)
-        self.sxid_counts.pop(key, None)
-        self.sxid_last.pop(key, None)
-
-    def _latch(self, op: Mapping[str, Any]) -> None:
-        uuid, reason = str(op["u"]), str(op["why"])
-        if reason not in REASONS:
-            raise ValueError(f"unknown reason {reason!r}")
-        if op["on"]:
-            self.latches.setdefault(uuid, {})[reason] = Latch(str(op["g"]), float(op["t"]))
+    def _latch(self, op: SetLatch | ClearLatch) -> None:
+        if op.reason not in REASONS:
+            raise ValueError(f"unknown reason {op.reason!r}")
+        if isinstance(op, SetLatch):
+            self.latches.setdefault(op.uuid, {})[op.reason] = Latch(op.gpu, op.since)
             return
-        reasons = self.latches.get(uuid, {})
-        reasons.pop(reason, None)
+        reasons = self.latches.get(op.uuid, {})
+        reasons.pop(op.reason, None)
         if not reasons:
-            self.latches.pop(uuid, None)
+            self.latches.pop(op.uuid, None)
 
-    def _boot(self, op: Mapping[str, Any]) -> None:
+    def _boot(self, boot_id: str) -> None:
         """A new boot: the kernel log starts over and every drain latch clears (a regular file
         standing in for the kernel log does not start over: its position is kept)."""
-        self.boot_id = str(op["b"])
+        self.boot_id = boot_id
         self.kmsg_seq = -1
         self.kmsg_offset = None
         self.kmsg_mark = None
         self.latches.clear()
 
-    def _kmsg(self, position: Any, file_hash: Any = None) -> None:
-        """``[boot id, seq | None, usec-0 wall time | None, file key | None, file end | None]``,
-        and for a file the record's text hash."""
-        if position is None:
-            return
+    def _origin(self, origin: Origin) -> None:
+        """Where the op's record was: the position, then (same boot) its mark."""
+        position = origin.position
+        if position is not None:
+            self._position(position, origin.file_hash)
+        if origin.mark is not None:
+            self.kmsg_mark = list(origin.mark)
+
+    def _position(self, position: KmsgPosition, file_hash: str | None) -> None:
         boot_id, seq, offset, file_key, file_end = position
-        if str(boot_id) != self.boot_id:
-            self.boot_id, self.kmsg_seq, self.kmsg_mark = str(boot_id), -1, None
+        if boot_id != self.boot_id:
+            self.boot_id, self.kmsg_seq, self.kmsg_mark = boot_id, -1, None
         if seq is not None:
-            self.kmsg_seq = max(self.kmsg_seq, int(seq))
+            self.kmsg_seq = max(self.kmsg_seq, seq)
         if offset is not None:
-            self.kmsg_offset = float(offset)
+            self.kmsg_offset = offset
         if file_key is not None and file_end is not None:
-            if str(file_key) != self.kmsg_file:
-                self.kmsg_file, self.kmsg_file_pos = str(file_key), -1
-            if int(file_end) >= self.kmsg_file_pos:
-                self.kmsg_file_pos = int(file_end)
-                self.kmsg_file_hash = None if file_hash is None else str(file_hash)
+            if file_key != self.kmsg_file:
+                self.kmsg_file, self.kmsg_file_pos = file_key, -1
+            if file_end >= self.kmsg_file_pos:
+                self.kmsg_file_pos = file_end
+                self.kmsg_file_hash = file_hash
 
     def restart_file(self) -> None:
         """The file's records at or before the saved offset are not the ones handled (it was
         truncated or rewritten in place): trust no offset in it."""
         self.kmsg_file_pos, self.kmsg_file_hash = -1, None
-
-    def _mark(self, mark: Any) -> None:
-        """``[usec | None, text hash, occurrence]`` of the record (after ``_kmsg``: same boot)."""
-        if mark is None:
-            return
-        usec, digest, occurrence = mark
-        self.kmsg_mark = [None if usec is None else int(usec), str(digest), int(occurrence)]
 
     def _prune(self, newest: float) -> None:
         horizon = newest - RECENT_HORIZON_S
@@ -342,17 +345,18 @@ class XidState:
             next_id=int(data["next_id"]),
             op_number=int(data["n"]),
         )
-        state._mark(data.get("kmsg_mark"))  # absent in snapshots written before marks
+        saved = mark(data.get("kmsg_mark"))  # absent in snapshots written before marks
+        state.kmsg_mark = None if saved is None else list(saved)
         file_hash = data.get("kmsg_file_hash")  # absent before it was kept
         state.kmsg_file_hash = None if file_hash is None else str(file_hash)
         for row in data["counts"]:
-            state.counts[_count_key(row[:7])] = float(row[7])
+            state.counts[count_key(row[:7])] = float(row[7])
         for row in data["last_seen"]:
             state.last_seen[(str(row[0]), str(row[1]), str(row[2]), str(row[3]))] = float(row[4])
         # Absent from snapshots written before pod series expired: a count's latest event is
         # then taken as its code's latest on that GPU (never earlier than the truth).
         for row in data.get("count_last", ()):
-            state.count_last[_count_key(row[:7])] = float(row[7])
+            state.count_last[count_key(row[:7])] = float(row[7])
         for key in state.counts:
             state.count_last.setdefault(key, state.last_seen.get(key[:4], 0.0))
         for gpu, uuid, xid_class, value in data.get("expired", ()):
@@ -371,21 +375,3 @@ class XidState:
         for uuid, reasons in self.latches.items():
             for reason, latch in reasons.items():
                 yield uuid, reason, latch
-
-
-def _count_key(values: Iterable[Any]) -> CountKey:
-    items = [str(v) for v in values]
-    if len(items) != 7:
-        raise ValueError(f"expected 7 labels, got {len(items)}")
-    return (items[0], items[1], items[2], items[3], items[4], items[5], items[6])
-
-
-_HANDLERS = {
-    "count": XidState._count,
-    "dup": XidState._dup,
-    "sxid": XidState._sxid,
-    "expire": XidState._expire,
-    "sxid_expire": XidState._sxid_expire,
-    "latch": XidState._latch,
-    "boot": XidState._boot,
-}

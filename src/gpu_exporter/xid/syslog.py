@@ -8,6 +8,7 @@ import os
 from collections import Counter
 from collections.abc import Callable
 
+from .ops import KmsgMark
 from .parser import KmsgRecord, parse_syslog, text_hash
 
 SYSLOG_ACTION_READ_ALL = 3
@@ -17,7 +18,6 @@ MAX_OVERLAP_CANDIDATES = 64
 # A record's identity without a sequence number: (printk usec or None, text hash, occurrence
 # index among the identical lines in the buffer read). Unique in a boot up to the limits in
 # docs/xid.md ("Restarts").
-Mark = tuple[int | None, str, int]
 ReadAll = Callable[[], bytes]
 
 
@@ -40,7 +40,7 @@ class SyslogBuffer:
         self._previous = b""
         self._counts: Counter[bytes] = Counter()
 
-    def update(self, data: bytes) -> tuple[list[KmsgRecord], list[Mark], bool]:
+    def update(self, data: bytes) -> tuple[list[KmsgRecord], list[KmsgMark], bool]:
         previous = self._previous
         dropped, start = overlap(previous, data)
         lost = bool(previous) and start == 0 and bool(data)
@@ -54,7 +54,7 @@ class SyslogBuffer:
                     counts.pop(line, None)
         self._previous = data
         records: list[KmsgRecord] = []
-        marks: list[Mark] = []
+        marks: list[KmsgMark] = []
         if start >= len(data):
             return records, marks, False
         new = data[start:]
@@ -63,7 +63,7 @@ class SyslogBuffer:
             records.append(record)
             occurrence = self._counts[first] + here[first]
             here[first] += 1
-            marks.append((record.usec, text_hash(record.message), occurrence))
+            marks.append(KmsgMark(record.usec, text_hash(record.message), occurrence))
         self._counts.update(new.split(b"\n"))
         return records, marks, lost
 
