@@ -3,7 +3,8 @@
 Everything runs as child processes on 127.0.0.1 with ephemeral ports, in one work directory:
 
 - :class:`ExporterProcess`: ``python -m gpu_exporter --simulate SCENARIO`` with its own state
-  directory, kernel-log file and pod-resources socket;
+  directory and kernel-log file (the simulator plays its kubelet on a socket of its own: a
+  ``--pod-resources-socket`` would replace it);
 - :class:`PrometheusProcess`: scraping the exporters, loading the rule files (optionally
   rewritten by :func:`shorten_rules` so a test sees windows and ``for:`` of seconds);
 - :class:`AlertmanagerProcess`: the routing of ``alerts/alertmanager.example.yml`` with every
@@ -244,7 +245,6 @@ class ExporterProcess:
             "--slow-interval=1s",
             f"--state-dir={workdir / 'state'}",
             f"--kmsg-path={workdir / 'kmsg'}",
-            f"--pod-resources-socket={workdir / 'kubelet.sock'}",
             *extra_args,
         ]
         self.process = subprocess.Popen(

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from .config import Config
+from .config import DEFAULT_POD_RESOURCES_SOCKET, Config
 from .http.admin import admin_routes
 from .http.server import make_web_app, server_settings
 from .http.webguard import RequestGuard, ServerLog
@@ -227,13 +227,25 @@ def _build_allocation(
 ) -> AllocationSubsystem:
     from .allocation.subsystem import AllocationSubsystem
 
-    socket, proc, logs = config.pod_resources_socket, config.proc_path, config.pod_logs_path
+    socket = config.pod_resources_socket or DEFAULT_POD_RESOURCES_SOCKET
+    proc, logs = config.proc_path, config.pod_logs_path
+    cdi, caps = config.cdi_spec_dirs, config.nvidia_caps_path
     if kubelet is not None:
-        socket, proc, logs = kubelet.socket_path, kubelet.proc_path, kubelet.pod_logs_path
+        # The simulated node's own kubelet, /proc, pod logs, CDI specs and nvidia-caps, unless
+        # a socket or file location was given (a stand-in kubelet in front of simulated GPUs).
+        socket = config.pod_resources_socket or kubelet.socket_path
+        proc, logs = kubelet.proc_path, kubelet.pod_logs_path
+        if cdi == Config.cdi_spec_dirs:
+            cdi = (kubelet.cdi_spec_dir,)
+        if caps == Config.nvidia_caps_path:
+            caps = kubelet.nvidia_caps_path
     return AllocationSubsystem(
         socket_path=socket,
         proc_path=proc,
         pod_logs_path=logs,
+        cdi_spec_dirs=cdi,
+        mig_minors_path=caps / "mig-minors",
+        self_pod=config.self_pod,
         devices=sampler.devices,
         ledger=sampler.ledger,
         executor=pool,

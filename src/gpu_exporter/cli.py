@@ -96,11 +96,13 @@ def _add_flag(group: argparse._ArgumentGroup, flag: Flag) -> None:
     extra: dict[str, Any] = {}
     if flag.const is not None:
         extra = {"nargs": "?", "const": flag.const}
+    if flag.repeat:  # None until given; parse_config puts the default tuple in then
+        extra = {"action": "append"}
     group.add_argument(
         flag.option,
         dest=flag.name,
         type=_checked(flag.type.parse),
-        default=flag.default,
+        default=None if flag.repeat else flag.default,
         choices=flag.type.choices,
         metavar=flag.metavar or flag.type.metavar,
         help=_with_default(flag),
@@ -113,15 +115,19 @@ def _with_default(flag: Flag) -> str:
     return f"{flag.help} ({shown})" if flag.help else shown
 
 
-def _env_args(flags: list[Flag], environ: Mapping[str, str]) -> list[str]:
+def _env_args(flags: list[Flag], environ: Mapping[str, str], argv: Sequence[str] = ()) -> list[str]:
     """Turn GPU_EXPORTER_* variables into flags placed before the real ones (which win)."""
     args: list[str] = []
     for flag in flags:
         if flag.env not in environ:
             continue
+        if flag.repeat and any(a == flag.option or a.startswith(f"{flag.option}=") for a in argv):
+            continue  # a repeated flag would add to the variable's list instead of replacing it
         value, option = environ[flag.env], flag.option
         if flag.switch:
             args.append(option if _env_bool(flag.env, value) else option.replace("--", "--no-", 1))
+        elif flag.repeat:
+            args += [f"{option}={item.strip()}" for item in value.split(",") if item.strip()]
         elif flag.const is not None:
             if value.strip().lower() in _TRUE:
                 args.append(option)
@@ -145,10 +151,13 @@ def parse_config(argv: Sequence[str], environ: Mapping[str, str] | None = None) 
     parser = build_parser()
     environ = os.environ if environ is None else environ
     flags = all_flags()
-    namespace = parser.parse_args([*_env_args(flags, environ), *argv])
+    namespace = parser.parse_args([*_env_args(flags, environ, argv), *argv])
     values: dict[str, Any] = {}
     for flag in declared_flags(Config):
-        values.update(flag.to_config(getattr(namespace, flag.name)))
+        value = getattr(namespace, flag.name)
+        if flag.repeat:
+            value = flag.default if value is None else tuple(value)
+        values.update(flag.to_config(value))
     values["collectors"] = frozenset(
         c.name for c in ALL_COLLECTORS if getattr(namespace, f"collector_{c.name}")
     )

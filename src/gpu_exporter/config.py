@@ -17,6 +17,7 @@ from .settings import COUNT, DURATION, LISTEN, PATH, RATIO, ValueType, choice, s
 
 DEFAULT_PORT = 9445  # dcgm-exporter uses 9400 and nvidia_gpu_exporter 9835
 BUILTIN_SCENARIO = "builtin"
+DEFAULT_POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,17 @@ def _parse_scenario(text: str) -> SimulatorConfig:
 
 
 SCENARIO = ValueType(_parse_scenario, lambda s: str(s.scenario or BUILTIN_SCENARIO))
+
+
+def _parse_pod(text: str) -> tuple[str, str]:
+    namespace, sep, name = text.strip().partition("/")
+    if not sep or not namespace or not name or "/" in name:
+        raise ValueError(f"invalid pod {text!r} (use NAMESPACE/NAME)")
+    return namespace, name
+
+
+POD = ValueType(_parse_pod, lambda pod: "/".join(pod), "NAMESPACE/NAME")
+DIR = ValueType(Path, str, "DIR")
 
 
 @dataclass(frozen=True)
@@ -120,12 +132,41 @@ class Config:
         help="withdraw a pod's gpu_xid_errors_total series this long after its latest Xid; the "
         "per-class totals keep its count",
     )
-    pod_resources_socket: Path = setting(
+    # None: the default socket, or under --simulate the simulator's own kubelet; given, that
+    # socket in either case (a real or stand-in kubelet in front of simulated GPUs).
+    pod_resources_socket: Path | None = setting(
         "--pod-resources-socket",
-        Path("/var/lib/kubelet/pod-resources/kubelet.sock"),
+        None,
+        PATH,
+        none=str(DEFAULT_POD_RESOURCES_SOCKET),
+        group="allocation",
+        help="kubelet pod-resources socket (under --simulate, given: used instead of the "
+        "simulator's kubelet)",
+    )
+    cdi_spec_dirs: tuple[Path, ...] = setting(
+        "--cdi-spec-dir",
+        (Path("/var/run/cdi"), Path("/etc/cdi")),
+        DIR,
+        repeat=True,
+        group="allocation",
+        help="a directory of CDI spec files, read to resolve GPUs allocated through DRA "
+        "(repeatable; GPU_EXPORTER_CDI_SPEC_DIR is comma-separated)",
+    )
+    nvidia_caps_path: Path = setting(
+        "--nvidia-caps-path",
+        Path("/proc/driver/nvidia-caps"),
         PATH,
         group="allocation",
-        help="kubelet pod-resources socket",
+        help="the host's /proc/driver/nvidia-caps, whose mig-minors file maps the MIG "
+        "capability devices in CDI specs to MIG instances (DRA)",
+    )
+    self_pod: tuple[str, str] | None = setting(
+        "--self-pod",
+        None,
+        POD,
+        group="allocation",
+        help="the exporter's own pod, whose allocations (an admin-access DRA claim on every "
+        "GPU, say) are not counted; the DaemonSet sets it from the downward API",
     )
     allocation: bool = setting(
         "--allocation",

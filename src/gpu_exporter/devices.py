@@ -38,6 +38,11 @@ class DeviceId:
     compute_mode: str = ""  # default | exclusive_process | prohibited
     serial: str = ""
     vbios_version: str = ""
+    # The GPU's device minor (/dev/nvidia<minor>; the parent's for a MIG instance): how CDI specs
+    # and DRA device names refer to it. None when NVML does not say.
+    minor: int | None = None
+    # MIG: (GPU instance profile id, placement start, placement size), as DRA device names say.
+    placement: tuple[int, int, int] | None = None
 
     @property
     def is_mig(self) -> bool:
@@ -148,6 +153,7 @@ def discover_gpu(index: int, support: SupportRegistry, errors: ErrorCounter) -> 
     pci = calls.get(pynvml.nvmlDeviceGetPciInfo, handle)
     mig = calls.get(pynvml.nvmlDeviceGetMigMode, handle)
     gpm = calls.get(pynvml.nvmlGpmQueryDeviceSupport, handle)
+    minor = calls.get(pynvml.nvmlDeviceGetMinorNumber, handle)
     mig_enabled = mig is not None and int(mig[0]) == pynvml.NVML_DEVICE_MIG_ENABLE
     gpu_id = DeviceId(
         index=index,
@@ -156,6 +162,7 @@ def discover_gpu(index: int, support: SupportRegistry, errors: ErrorCounter) -> 
         pci_bus_id=_text(pci.busId) if pci is not None else "",
         mig_mode="unsupported" if mig is None else ("enabled" if mig_enabled else "disabled"),
         gpm_supported=gpm is not None and bool(gpm.isSupportedDevice),
+        minor=int(minor) if minor is not None else None,
     )
     persistence, compute, serial, vbios = read_state(calls, handle)
     gpu_id = replace(
@@ -183,6 +190,7 @@ def _discover_mig(parent: Device, calls: DeviceCalls) -> Iterator[Device]:
         ci = calls.get(pynvml.nvmlDeviceGetComputeInstanceId, handle)
         if uuid is None or gi is None or ci is None:
             continue
+        info = _gpu_instance_info(parent, int(gi), calls)
         mig_id = DeviceId(
             index=parent.id.index,
             uuid=_text(uuid),
@@ -193,22 +201,31 @@ def _discover_mig(parent: Device, calls: DeviceCalls) -> Iterator[Device]:
             parent_uuid=parent.uuid,
             gpu_instance_id=int(gi),
             compute_instance_id=int(ci),
-            mig_profile=_mig_profile(parent, handle, int(gi), calls),
+            mig_profile=_mig_profile(parent, handle, info, calls),
+            minor=parent.id.minor,
+            placement=(
+                (int(info.profileId), int(info.placement.start), int(info.placement.size))
+                if info is not None
+                else None
+            ),
         )
         yield Device(mig_id, handle, parent)
 
 
-def _mig_profile(parent: Device, handle: Any, gpu_instance_id: int, calls: DeviceCalls) -> str:
-    """The profile name (``1g.10gb``) as NVML names it, else derived from the instance's size."""
+def _gpu_instance_info(parent: Device, gpu_instance_id: int, calls: DeviceCalls) -> Any:
+    """The GPU instance's profile id and placement (``nvmlGpuInstanceInfo_t``), or None."""
     instance = calls.get(pynvml.nvmlDeviceGetGpuInstanceById, parent.handle, gpu_instance_id)
-    if instance is not None:
-        info = calls.get(pynvml.nvmlGpuInstanceGetInfo, instance)
-        if info is not None:
-            profile = calls.get(
-                pynvml.nvmlDeviceGetGpuInstanceProfileInfoById, parent.handle, info.profileId
-            )
-            if profile is not None:
-                return _text(profile.name).removeprefix("MIG ").strip()
+    return calls.get(pynvml.nvmlGpuInstanceGetInfo, instance) if instance is not None else None
+
+
+def _mig_profile(parent: Device, handle: Any, info: Any, calls: DeviceCalls) -> str:
+    """The profile name (``1g.10gb``) as NVML names it, else matched from the attributes."""
+    if info is not None:
+        profile = calls.get(
+            pynvml.nvmlDeviceGetGpuInstanceProfileInfoById, parent.handle, info.profileId
+        )
+        if profile is not None:
+            return _text(profile.name).removeprefix("MIG ").strip()
     # Reading GPU instances needs privileges the exporter may lack; the attributes do not.
     return profile_from_attributes(parent.handle, handle, calls)
 

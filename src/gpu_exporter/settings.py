@@ -101,7 +101,9 @@ class Flag:
     ``type`` None is an on/off switch (``--x`` / ``--no-x``). ``const`` makes the value
     optional: the flag alone means ``const``. ``also`` names further Config fields the parsed
     value (a tuple) sets, in order (``--listen`` sets host and port). ``none`` is how a None
-    default reads in help and README.
+    default reads in help and README. ``repeat``: the flag may be given several times; the value
+    is a tuple of them (the default tuple when none is given; its environment variable is a
+    comma-separated list).
     """
 
     option: str
@@ -112,6 +114,7 @@ class Flag:
     const: str | None = None
     also: tuple[str, ...] = ()
     none: str = "none"
+    repeat: bool = False
     name: str = ""
     default: Any = None
 
@@ -142,6 +145,8 @@ class Flag:
         if self.switch:
             return "on" if self.default else "off"
         assert self.type is not None
+        if self.repeat:
+            return ", ".join(self.type.show(v) for v in self.default) or self.none
         return self.type.show(self.default)
 
     def to_config(self, value: Any) -> dict[str, Any]:
@@ -166,11 +171,12 @@ def setting(
     const: str | None = None,
     also: tuple[str, ...] = (),
     none: str = "none",
+    repeat: bool = False,
 ) -> Any:
     """A Config field that is also a flag (see the module docstring)."""
     if group not in GROUPS:
         raise ValueError(f"{option}: unknown group {group!r} (one of {', '.join(GROUPS)})")
-    flag = Flag(option, help, group, type, metavar, const, also, none)
+    flag = Flag(option, help, group, type, metavar, const, also, none, repeat)
     return dataclasses.field(default=default, metadata={_METADATA_KEY: flag})
 
 

@@ -8,7 +8,7 @@ import grpc
 import pytest
 
 from gpu_exporter.allocation.server import ALLOCATABLE_DISABLED
-from gpu_exporter.allocation.subsystem import AllocationSubsystem
+from gpu_exporter.allocation.subsystem import UNRESOLVED_REASONS, AllocationSubsystem
 from gpu_exporter.ledger import ActivityLedger
 from gpu_exporter.nvml import WorkerPool
 
@@ -217,11 +217,16 @@ async def test_socket_gone_and_back(kubelet: FakeKubelet, pool: WorkerPool) -> N
 
 
 async def test_never_reachable(short_dir: Path, pool: WorkerPool) -> None:
+    # Only the source's state and the (self-metric) count of unresolved ids: no allocation series.
+    unresolved = {
+        f'gpu_exporter_allocation_unresolved_total{{reason="{reason}"}}': 0
+        for reason in UNRESOLVED_REASONS
+    }
     sub = subsystem(FakeKubelet(short_dir / "absent.sock"), pool)
-    assert series(sub.samples()) == {SOURCE_UP: 0}
+    assert series(sub.samples()) == {SOURCE_UP: 0, **unresolved}
     await sub.poll()
     sub.update()
-    assert series(sub.samples()) == {SOURCE_UP: 0}
+    assert series(sub.samples()) == {SOURCE_UP: 0, **unresolved}
     await sub.stop()
 
 

@@ -18,7 +18,7 @@ SRC = PROTO_DIR.parents[2]
 GENERATED = ("podresources_pb2.py", "podresources_pb2.pyi", "podresources_pb2_grpc.py")
 DATA = Path(__file__).parent / "data"
 UPSTREAM_TABLE = DATA / "podresources-v1-upstream.yaml"
-UPSTREAM_PROTO = DATA / "upstream-podresources-v1.proto"
+UPSTREAM_PROTO = DATA / "upstream" / "api.proto"
 needs_grpc_tools = pytest.mark.skipif(
     importlib.util.find_spec("grpc_tools") is None, reason="grpcio-tools is not installed"
 )

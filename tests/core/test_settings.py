@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_exporter.cli import _env_args, all_flags, build_parser, parse_config
+from gpu_exporter.cli import UsageError, _env_args, all_flags, build_parser, parse_config
 from gpu_exporter.config import Config
 from gpu_exporter.settings import Flag, declared_flags, format_duration, parse_duration
 
@@ -56,3 +56,32 @@ def test_every_switch_reads_its_environment_variable() -> None:
 @pytest.mark.parametrize("seconds", [0.25, 0.5, 1.0, 30.0, 90.0, 120.0, 3600.0, 604800.0])
 def test_a_duration_default_is_written_as_the_parser_reads_it(seconds: float) -> None:
     assert parse_duration(format_duration(seconds)) == seconds
+
+
+def test_a_repeatable_flag_collects_every_value_and_replaces_its_default() -> None:
+    assert parse_config([], environ={}).cdi_spec_dirs == (Path("/var/run/cdi"), Path("/etc/cdi"))
+    given = parse_config(["--cdi-spec-dir=/a", "--cdi-spec-dir", "/b"], environ={})
+    assert given.cdi_spec_dirs == (Path("/a"), Path("/b"))
+
+
+def test_a_repeatable_flags_variable_is_a_comma_separated_list_the_flags_replace() -> None:
+    environ = {"GPU_EXPORTER_CDI_SPEC_DIR": "/x, /y,"}
+    assert parse_config([], environ=environ).cdi_spec_dirs == (Path("/x"), Path("/y"))
+    assert parse_config(["--cdi-spec-dir=/z"], environ=environ).cdi_spec_dirs == (Path("/z"),)
+
+
+def test_the_self_pod_is_namespace_slash_name() -> None:
+    assert parse_config(["--self-pod=monitoring/gpu-exporter-x"], environ={}).self_pod == (
+        "monitoring",
+        "gpu-exporter-x",
+    )
+    for bad in ("gpu-exporter-x", "/x", "a/", "a/b/c"):
+        with pytest.raises(UsageError, match="NAMESPACE/NAME"):
+            parse_config([f"--self-pod={bad}"], environ={})
+
+
+def test_the_pod_resources_socket_is_unset_unless_given() -> None:
+    """Unset, the default socket (or the simulator's kubelet); given, that one in any case."""
+    assert parse_config([], environ={}).pod_resources_socket is None
+    given = parse_config(["--simulate", "--pod-resources-socket=k.sock"], environ={})
+    assert given.pod_resources_socket == Path("k.sock")

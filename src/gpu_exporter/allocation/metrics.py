@@ -28,6 +28,12 @@ CONTAINER_MEMORY = gauge(
     "Device memory used by the container's processes on the device, in bytes.",
 )
 
+UNRESOLVED = counter(
+    "gpu_exporter_allocation_unresolved_total",
+    "Device-plugin ids and DRA devices that resolved to no GPU, by reason; each counts once "
+    "when it starts to resolve to nothing.",
+)
+
 FAMILIES = (
     ALLOCATION_INFO,
     ALLOCATED,
@@ -35,4 +41,5 @@ FAMILIES = (
     ALLOCATED_IDLE_SECONDS,
     IDLE_STREAK,
     CONTAINER_MEMORY,
+    UNRESOLVED,
 )

@@ -3,7 +3,9 @@
 Three background loops feed series the sampler renders (this is a SampleSource):
 
 - *poll* (every ``poll_interval``): the kubelet's pod-resources ``List`` and
-  ``GetAllocatableResources`` over ``grpc.aio``, each call with a deadline. While the socket is
+  ``GetAllocatableResources`` over ``grpc.aio``, each call with a deadline; while containers
+  hold DRA devices of ``gpu.nvidia.com``, the CDI spec directories and ``mig-minors`` too (on a
+  worker thread, see :mod:`.cdi` and :mod:`.dra`). While the socket is
   absent or failing, ``gpu_exporter_source_up{source="pod_resources"}`` is 0 and every allocation
   series is withheld (unknown is not zero); the next successful poll brings them back.
 - *account* (every ``update_interval``): allocated and idle-allocated seconds per device and pod
@@ -35,7 +37,9 @@ from ..logs import RateLimitedLog, get_logger
 from ..nvml import ErrorCounter, PoolExhausted
 from ..ticks import ticks
 from .accounting import IdleAccountant
+from .cdi import CdiIndex, CdiReader
 from .cgroups import PodName
+from .dra import DRA_REASONS, GPU_DRIVER
 from .history import HolderHistory
 from .metrics import (
     ALLOCATED,
@@ -45,6 +49,7 @@ from .metrics import (
     CONTAINER_MEMORY,
     FAMILIES,
     IDLE_STREAK,
+    UNRESOLVED,
 )
 from .model import Allocations, PodKey, resolve_snapshot
 from .podresources import PodResourcesClient, PodResourcesError, PodResourcesSnapshot
@@ -53,6 +58,9 @@ from .processes import NvmlProcessLister, ProcessLister, ScanResult, scan
 T = TypeVar("T")
 _log = get_logger("allocation")
 _SOURCE_LABELS = label_string({"source": "pod_resources"})
+# gpu_exporter_allocation_unresolved_total's reasons: a device-plugin id, or a DRA device.
+UNKNOWN_DEVICE_ID = "unknown_device_id"
+UNRESOLVED_REASONS = (UNKNOWN_DEVICE_ID, *DRA_REASONS)
 # A PID seen in a pod is remembered this long for attributing events to it (its process may have
 # died in the very fault being attributed).
 PID_RETENTION = 600.0
@@ -85,6 +93,9 @@ class AllocationSubsystem:
         idle_threshold: float = Config.idle_threshold,
         proc_path: Path = Config.proc_path,
         pod_logs_path: Path = Config.pod_logs_path,
+        cdi_spec_dirs: Sequence[Path] = Config.cdi_spec_dirs,
+        mig_minors_path: Path = Config.nvidia_caps_path / "mig-minors",
+        self_pod: PodKey | None = None,
         poll_interval: float = Config.pod_resources_interval,
         update_interval: float = 0.5,
         process_interval: float | None = 5.0,
@@ -99,6 +110,10 @@ class AllocationSubsystem:
         self._executor = executor
         self._proc_path = proc_path
         self._pod_logs_path = pod_logs_path
+        self._cdi_reader = CdiReader(tuple(cdi_spec_dirs), mig_minors_path)
+        self._cdi = CdiIndex()
+        self._self_pod = self_pod
+        self._unresolved = _UnresolvedCounts()
         self._intervals = (poll_interval, update_interval, process_interval)
         self._scan_timeout = max(call_timeout, 5.0)
         self._lister = process_lister or NvmlProcessLister(errors)
@@ -113,11 +128,12 @@ class AllocationSubsystem:
         self._pod_names: dict[str, PodName] = {}
         self._pids: dict[int, _PidOwner] = {}
         self._memory: list[Sample] = []
-        self._samples: list[Sample] = [Sample(SOURCE_UP, _SOURCE_LABELS, 0.0)]
+        self._samples: list[Sample] = []
         self._scan_future: concurrent.futures.Future[ScanResult] | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
         self._polled = asyncio.Event()
+        self._rebuild()  # source down, nothing unresolved yet
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -150,6 +166,12 @@ class AllocationSubsystem:
     def samples(self) -> Iterable[Sample]:
         return self._samples
 
+    @property
+    def allocations(self) -> Allocations:
+        """The last resolved allocations: device-plugin and DRA holdings alike (a DRA holding
+        names its claim), and the schedulable devices."""
+        return self._allocations
+
     def holder(self, uuid: str, at_wall_time: float, pid: int | None = None) -> PodKey | None:
         """(namespace, pod) that held ``uuid`` at ``at_wall_time``; None if none or ambiguous.
 
@@ -178,6 +200,8 @@ class AllocationSubsystem:
         except PodResourcesError as exc:
             self._set_down(str(exc))
         else:
+            if any(c.driver == GPU_DRIVER for c in snapshot.claims):
+                self._cdi = await asyncio.to_thread(self._cdi_reader.read)
             came_up = not self._up
             self._snapshot, self._up = snapshot, True
             if came_up:
@@ -191,11 +215,10 @@ class AllocationSubsystem:
             self._accountant.pause()
             self._rebuild()
             return
-        allocations = resolve_snapshot(self._snapshot, [d.id for d in self._devices()])
-        if allocations.unresolved:
-            self._warn(
-                "unresolved", "device ids match no device", ids=sorted(allocations.unresolved)
-            )
+        allocations = resolve_snapshot(
+            self._snapshot, [d.id for d in self._devices()], self._cdi, exclude=self._self_pod
+        )
+        self._note_unresolved(allocations)
         held = _held(allocations)
         self._accountant.update(self._clock(), held)
         self._history.observe(self._wall_clock(), held)
@@ -278,8 +301,36 @@ class AllocationSubsystem:
                 return next(iter(candidates))
         return ""
 
+    def _note_unresolved(self, allocations: Allocations) -> None:
+        """Count each device id or DRA device once when it starts to resolve to nothing."""
+        if allocations.unresolved:
+            self._warn(
+                "unresolved", "device ids match no device", ids=sorted(allocations.unresolved)
+            )
+        keys = {(UNKNOWN_DEVICE_ID, raw) for raw in allocations.unresolved}
+        for miss in allocations.unresolved_claims:
+            c = miss.claim
+            claim, device = f"{c.claim_namespace}/{c.claim_name}", f"{c.driver}/{c.pool}/{c.device}"
+            keys.add((miss.reason, f"{claim} {device}"))
+            self._warn(
+                f"dra-unresolved {claim} {device}",
+                "DRA device resolves to no GPU",
+                claim=claim,
+                device=device,
+                pod=f"{c.namespace}/{c.pod}",
+                reason=miss.reason,
+                cdi_devices=list(c.cdi_devices),
+            )
+        self._unresolved.observe(keys)
+        if allocations.compute_domain_devices != self._allocations.compute_domain_devices:
+            _log.debug(
+                "compute-domain.nvidia.com devices skipped (IMEX channels, not GPUs)",
+                count=allocations.compute_domain_devices,
+            )
+
     def _rebuild(self) -> None:
         samples = [Sample(SOURCE_UP, _SOURCE_LABELS, 1.0 if self._up else 0.0)]
+        samples.extend(self._unresolved.samples())
         if self._up:
             samples.extend(self._allocation_samples())
         samples.extend(self._memory)
@@ -310,6 +361,23 @@ class AllocationSubsystem:
 
     def _warn(self, key: str, event: str, **fields: Any) -> None:
         self._rlog.warning(key, event, **fields)
+
+
+class _UnresolvedCounts:
+    """gpu_exporter_allocation_unresolved_total: a key counts when it appears, not per poll."""
+
+    def __init__(self) -> None:
+        self._totals = dict.fromkeys(UNRESOLVED_REASONS, 0)
+        self._current: set[tuple[str, str]] = set()
+
+    def observe(self, keys: set[tuple[str, str]]) -> None:
+        for reason, _ in keys - self._current:
+            self._totals[reason] = self._totals.get(reason, 0) + 1
+        self._current = keys
+
+    def samples(self) -> Iterable[Sample]:
+        for reason, total in self._totals.items():
+            yield Sample(UNRESOLVED, label_string({"reason": reason}), float(total))
 
 
 def _held(allocations: Allocations) -> dict[DeviceId, set[PodKey]]:

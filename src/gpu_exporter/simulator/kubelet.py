@@ -7,9 +7,14 @@ every schedulable device: each MIG instance (``nvidia.com/mig-<profile>``, or wh
 the scenario's allocations name for it), each whole GPU not in MIG mode, and, for a GPU the
 scenario shares by replicas, its replicas (at least ``MIN_REPLICAS``).
 
+Allocations with a ``claim`` are served as DRA claims of ``gpu.nvidia.com`` in
+``dynamic_resources`` instead (not in GetAllocatableResources, as on a real kubelet), with the
+driver's CDI specs and the host's ``mig-minors`` under the root (see :mod:`.dra`).
+
 A refresh task keeps ``<root>/proc/<pid>/cgroup`` and ``<root>/pods/...`` (see
-:mod:`.procfs`) in step with the node's workloads and allocations; point the exporter's
-``--proc-path`` and ``--pod-logs-path`` at :attr:`proc_path` and :attr:`pod_logs_path`.
+:mod:`.procfs`), and the CDI specs, in step with the node's workloads and allocations; point the
+exporter's ``--proc-path``, ``--pod-logs-path``, ``--cdi-spec-dir`` and ``--nvidia-caps-path``
+at :attr:`proc_path`, :attr:`pod_logs_path`, :attr:`cdi_spec_dir` and :attr:`nvidia_caps_path`.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from gpu_exporter.allocation.podresources import ContainerDevices
 from gpu_exporter.allocation.server import KubeletState, PodResourcesServer
+from gpu_exporter.simulator.dra import CdiFiles, claim_devices
 from gpu_exporter.simulator.procfs import ProcTree, SimProcess
 
 if TYPE_CHECKING:
@@ -51,6 +57,7 @@ class SimulatedKubelet:
         self._server = PodResourcesServer(socket_path or root / "kubelet.sock", self.state)
         self._root = root
         self._tree = ProcTree(root)
+        self._cdi = CdiFiles(root)
         self._interval = refresh_interval
         self._specs = list(self._scenario_allocations())  # the scenario is immutable
         self._task: asyncio.Task[None] | None = None
@@ -66,6 +73,14 @@ class SimulatedKubelet:
     @property
     def pod_logs_path(self) -> Path:
         return self._tree.pod_logs_path
+
+    @property
+    def cdi_spec_dir(self) -> Path:
+        return self._cdi.spec_dir
+
+    @property
+    def nvidia_caps_path(self) -> Path:
+        return self._cdi.nvidia_caps_path
 
     async def start(self) -> None:
         await self.refresh()
@@ -91,6 +106,7 @@ class SimulatedKubelet:
         """Bring the proc-like tree up to date with the node (file I/O on a thread)."""
         processes, pods = self._processes()
         await asyncio.to_thread(self._tree.sync, processes, pods)
+        await asyncio.to_thread(self._cdi.sync, self._node.allocations, self._node.gpus)
 
     def state(self) -> KubeletState:
         """What the kubelet would answer now (called on the event loop by the server)."""
@@ -101,8 +117,10 @@ class SimulatedKubelet:
                 a.spec.namespace, a.spec.pod, a.spec.container, a.spec.resource, (a.device_id,)
             )
             for a in allocations
+            if a.spec.claim is None
         ]
-        return KubeletState(containers, list(self._allocatable()))
+        claims = claim_devices(allocations, self._node.gpus, self._node.scenario.node.name)
+        return KubeletState(containers, list(self._allocatable()), claims)
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -128,10 +146,16 @@ class SimulatedKubelet:
         return processes, pods
 
     def _allocatable(self) -> Iterator[tuple[str, str]]:
-        specs = self._specs
+        """The device plugin's devices: those the scenario never hands out through a claim."""
+        specs = [s for s in self._specs if s.claim is None]
+        dra = {(s.gpu, s.mig) for s in self._specs if s.claim is not None}
         for gpu in self._node.gpus:
+            if (gpu.index, None) in dra:
+                continue
             if gpu.mig_enabled:
                 for mig in gpu.migs:
+                    if (gpu.index, mig.spec.index) in dra:
+                        continue
                     resource = _resource(specs, gpu.index, mig.spec.index)
                     yield resource or f"nvidia.com/mig-{mig.spec.profile.name}", mig.uuid
                 continue

@@ -95,6 +95,11 @@ class IdentityFunctions(FunctionsBase):
         out(index).value = self.node.visible_gpus.index(self.gpu(handle))
         return SUCCESS
 
+    def nvmlDeviceGetMinorNumber(self, handle: Any, minor: Any) -> int:
+        # /dev/nvidia<minor>; a MIG handle has no device node of its own (NotSupported)
+        out(minor).value = self.gpu(handle).spec.device_minor
+        return SUCCESS
+
     # ------------------------------------------------------------------ identity
 
     def nvmlDeviceGetUUID(self, handle: Any, buffer: Any, length: Any) -> int:

@@ -80,6 +80,11 @@ class GpuSpec:
     model: GpuModel
     mig: tuple[MigInstanceSpec, ...] | None
     ecc: bool
+    minor: int = -1  # the device minor (/dev/nvidia<minor>); -1: the index
+
+    @property
+    def device_minor(self) -> int:
+        return self.index if self.minor < 0 else self.minor
 
     @property
     def mig_enabled(self) -> bool:
@@ -113,6 +118,10 @@ class AllocationSpec:
     namespace: str
     container: str
     resource: str
+    # DRA: the ResourceClaim (in the pod's namespace) through which the pod holds the device,
+    # instead of a device plugin; and a ComputeDomain channel claim the container also holds.
+    claim: str | None = None
+    compute_domain_claim: str | None = None
 
 
 @dataclass(frozen=True)
@@ -255,14 +264,19 @@ def _gpus(raw: Any, path: str) -> tuple[GpuSpec, ...]:
 def _gpu_entry(raw: Any, path: str, first_index: int) -> list[GpuSpec]:
     if isinstance(raw, str):
         raw = {"model": raw}
-    entry = s.mapping(raw, path, {"model", "count", "mig", "ecc"}, {"model"})
+    entry = s.mapping(raw, path, {"model", "count", "mig", "ecc", "minor"}, {"model"})
     models = load_models()
     name = s.choice(entry["model"], s.key(path, "model"), models)
     model = models[name]
     count = s.integer(entry.get("count", 1), s.key(path, "count"), 1, 64)
     mig = mig_layout(entry["mig"], s.key(path, "mig"), model) if "mig" in entry else None
     ecc = s.boolean(entry.get("ecc", model.ecc_default), s.key(path, "ecc"))
-    return [GpuSpec(first_index + n, model, mig, ecc) for n in range(count)]
+    # Device minors: the index by default; ``minor`` numbers this entry's GPUs from there.
+    minor = s.integer(entry["minor"], s.key(path, "minor"), 0, 255) if "minor" in entry else None
+    return [
+        GpuSpec(first_index + n, model, mig, ecc, -1 if minor is None else minor + n)
+        for n in range(count)
+    ]
 
 
 def mig_layout(raw: Any, path: str, model: GpuModel) -> tuple[MigInstanceSpec, ...]:
@@ -391,7 +405,18 @@ def _check_memory(workloads: Sequence[WorkloadSpec], gpus: Sequence[GpuSpec]) ->
             raise Invalid(s.key(s.item("workloads", i), "memory"), reason)
 
 
-ALLOCATION_KEYS = {"gpu", "mig", "replica", "pod", "namespace", "container", "resource"}
+ALLOCATION_KEYS = {
+    "gpu",
+    "mig",
+    "replica",
+    "pod",
+    "namespace",
+    "container",
+    "resource",
+    "claim",
+    "compute_domain_claim",
+}
+_CLAIM_NAME = r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?"  # a Kubernetes object name (RFC 1123)
 
 
 def _allocation(raw: Any, path: str, gpus: Sequence[GpuSpec]) -> AllocationSpec:
@@ -407,6 +432,15 @@ def build_allocation(
     default_resource = "nvidia.com/gpu"
     if mig is not None and gpu.mig is not None:
         default_resource = f"nvidia.com/mig-{gpu.mig[mig].profile.name}"
+    claim = _claim(a, path, "claim")
+    if claim is not None:
+        for key in ("replica", "resource"):
+            if key in a:
+                reason = "a DRA claim has no device-plugin replica or resource (share the claim)"
+                raise Invalid(s.key(path, key), reason)
+    domain = _claim(a, path, "compute_domain_claim")
+    if domain is not None and claim is None:
+        raise Invalid(s.key(path, "compute_domain_claim"), "needs a claim for the GPU too")
     return AllocationSpec(
         gpu=gpu.index,
         mig=mig,
@@ -415,7 +449,13 @@ def build_allocation(
         namespace=s.text(a.get("namespace", "default"), s.key(path, "namespace")),
         container=s.text(a.get("container", "main"), s.key(path, "container")),
         resource=s.text(a.get("resource", default_resource), s.key(path, "resource")),
+        claim=claim,
+        compute_domain_claim=domain,
     )
+
+
+def _claim(a: Mapping[str, Any], path: str, key: str) -> str | None:
+    return s.text(a[key], s.key(path, key), _CLAIM_NAME) if key in a else None
 
 
 # --------------------------------------------------------------------------- events
