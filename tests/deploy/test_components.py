@@ -121,6 +121,7 @@ def test_privileged_is_opt_in_only(variants: dict[str, list[Resource]]) -> None:
     assert set(COMPONENTS) == set(FEATURE_OFF) | {
         "dcgm-compat",
         "default-runtime",
+        "dra",
         "kmsg-privileged",
         "web-config",
     }
@@ -204,3 +205,32 @@ def test_dcgm_compat_only_adds_its_prometheusrule(variants: dict[str, list[Resou
     added = identities(variants["dcgm-compat"]) - identities(variants["base"])
     assert added == {("PrometheusRule", "gpu-exporter-dcgm-compat")}
     assert daemonset(variants["dcgm-compat"]) == daemonset(variants["base"]), "no exporter change"
+
+
+def test_dra_adds_read_only_cdi_and_nvidia_caps_mounts_and_nothing_else(
+    variants: dict[str, list[Resource]],
+) -> None:
+    """What the dra component must change, applied by hand to the default install."""
+    expected = copy.deepcopy(variants["base"])
+    spec = daemonset(expected)["spec"]["template"]["spec"]
+    mounts = [
+        ("cdi-run", "/var/run/cdi", "/var/run/cdi", "DirectoryOrCreate"),
+        ("cdi-etc", "/etc/cdi", "/etc/cdi", "DirectoryOrCreate"),
+        ("nvidia-caps", "/proc/driver/nvidia-caps", "/host/nvidia-caps", "Directory"),
+    ]
+    spec["volumes"][:0] = [
+        {"name": name, "hostPath": {"path": host, "type": kind}} for name, host, _, kind in mounts
+    ]
+    main = container(expected)
+    main["volumeMounts"][:0] = [
+        {"name": name, "mountPath": path, "readOnly": True} for name, _, path, _ in mounts
+    ]
+    field = {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    main["env"][:0] = [
+        {"name": "POD_NAMESPACE", "valueFrom": field},
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "GPU_EXPORTER_SELF_POD", "value": "$(POD_NAMESPACE)/$(POD_NAME)"},
+        {"name": "GPU_EXPORTER_CDI_SPEC_DIR", "value": "/var/run/cdi,/etc/cdi"},
+        {"name": "GPU_EXPORTER_NVIDIA_CAPS_PATH", "value": "/host/nvidia-caps"},
+    ]
+    assert variants["dra"] == expected, "dra changed more than its read-only mounts and names"

@@ -38,7 +38,8 @@ def env_options() -> dict[str, str]:
 
 
 # Each host mount the DaemonSet may have: volume name -> (host path, flag, Config attribute,
-# whether the flag names the mounted path itself or a file inside it, read-only).
+# whether the flag names the mounted path itself, a file inside it, or (a repeatable flag) has
+# it among its values, read-only).
 HOST_MOUNTS: dict[str, tuple[str, str, str, str, bool]] = {
     "pod-resources": (
         "/var/lib/kubelet/pod-resources",
@@ -50,6 +51,15 @@ HOST_MOUNTS: dict[str, tuple[str, str, str, str, bool]] = {
     "host-proc": ("/proc", "--proc-path", "proc_path", "same", True),
     "state": ("/var/lib/gpu-exporter", "--state-dir", "state_dir", "same", False),
     "pod-logs": ("/var/log/pods", "--pod-logs-path", "pod_logs_path", "same", True),
+    "cdi-run": ("/var/run/cdi", "--cdi-spec-dir", "cdi_spec_dirs", "member", True),
+    "cdi-etc": ("/etc/cdi", "--cdi-spec-dir", "cdi_spec_dirs", "member", True),
+    "nvidia-caps": (
+        "/proc/driver/nvidia-caps",
+        "--nvidia-caps-path",
+        "nvidia_caps_path",
+        "same",
+        True,
+    ),
 }
 
 
@@ -149,8 +159,13 @@ def test_each_host_mount_is_where_its_flag_points(
         assert len(mounts) == 1, f"{name}: volume {volume} must be mounted once"
         mount = mounts[0]
         assert bool(mount.get("readOnly")) is read_only, f"{name}: {volume} readOnly"
-        value = Path(getattr(config_of(resources), attribute))
-        where = value.parent if relation == "parent" else value
+        value = getattr(config_of(resources), attribute)
+        if relation == "member":
+            assert Path(mount["mountPath"]) in value, (
+                f"{name}: {volume} is mounted at {mount['mountPath']}, not one of {flag} {value}"
+            )
+            continue
+        where = Path(value).parent if relation == "parent" else Path(value)
         assert where == Path(mount["mountPath"]), (
             f"{name}: {volume} is mounted at {mount['mountPath']} but {flag} is {value}"
         )
