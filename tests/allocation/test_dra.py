@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -90,6 +91,15 @@ def test_device_names_resolve_without_specs(name: str, expected: DeviceId) -> No
 )
 def test_names_that_resolve_to_nothing_say_why(name: str, reason: str) -> None:
     assert resolve_claim(claim(name), INVENTORY, EMPTY) == reason
+
+
+def test_without_placements_a_unique_profile_still_names_the_instance() -> None:
+    """Non-root NVML may refuse GPU instance info: no placement, but the profile is known."""
+    unplaced = [dataclasses.replace(d, placement=None) for d in INVENTORY]
+    mig_b = unplaced[3]
+    assert resolve_claim(claim("gpu-1-mig-1g10gb-19-2"), unplaced, EMPTY) == mig_b
+    twins = [*unplaced, dataclasses.replace(mig_b, uuid="MIG-C", gpu_instance_id=10)]
+    assert resolve_claim(claim("gpu-1-mig-1g10gb-19-2"), twins, EMPTY) == NO_SUCH_DEVICE
 
 
 def test_a_cdi_spec_wins_over_the_name() -> None:

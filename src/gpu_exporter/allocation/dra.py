@@ -159,17 +159,26 @@ def _by_name(name: str, devices: Sequence[DeviceId]) -> DeviceId | str:
         )
     new = _MIG.match(name)
     if new and re.search("[a-z]", new["profile"]):
-        profile, start = new["profile"], int(new["start"])
-        return _one(
-            d
-            for d in devices
-            if d.is_mig
-            and d.minor == int(new["minor"])
-            and d.placement is not None
-            and d.placement[:2] == (int(new["gip"]), start)
-            and (not d.mig_profile or canonical_profile(d.mig_profile) == profile)
-        )
+        return _by_new_mig_name(new, devices)
     return UNKNOWN_NAME
+
+
+def _by_new_mig_name(name: re.Match[str], devices: Sequence[DeviceId]) -> DeviceId | str:
+    """Placement decides; where NVML would not say it (GPU instance info needs privileges the
+    exporter may lack), the profile does if only one instance of it is on that GPU."""
+    minor, wanted = int(name["minor"]), (int(name["gip"]), int(name["start"]))
+    profile = name["profile"]
+    candidates = [
+        d
+        for d in devices
+        if d.is_mig
+        and d.minor == minor
+        and (not d.mig_profile or canonical_profile(d.mig_profile) == profile)
+    ]
+    placed = [d for d in candidates if d.placement is not None]
+    if placed:
+        return _one(d for d in placed if d.placement is not None and d.placement[:2] == wanted)
+    return _one(d for d in candidates if d.mig_profile)
 
 
 def canonical_profile(profile: str) -> str:

@@ -141,14 +141,19 @@ class CdiFiles:
         self._written: dict[Path, str] = {}
 
     def sync(self, allocations: Sequence[Allocation], gpus: Sequence[GpuDevice]) -> None:
-        """Write a spec for each claim held now and remove the others (file I/O: a thread)."""
+        """Write a spec for each claim held now and remove the others (file I/O: a thread).
+
+        Nothing is written until a claim is held (a node without DRA has no files to show)."""
+        claims = _devices_by_claim(allocations, gpus)
+        if not claims and not self._written:
+            return
         self.spec_dir.mkdir(parents=True, exist_ok=True)
         minors = self.nvidia_caps_path / "mig-minors"
         if not minors.exists():
             self.nvidia_caps_path.mkdir(parents=True, exist_ok=True)
             minors.write_text(mig_minors_text())
         wanted: dict[Path, str] = {}
-        for (namespace, claim), devices in _devices_by_claim(allocations, gpus).items():
+        for (namespace, claim), devices in claims.items():
             uid = claim_uid(namespace, claim)
             path = self.spec_dir / f"k8s.gpu.nvidia.com-claim_{uid}.yaml"
             wanted[path] = text = spec_text(uid, devices)
