@@ -217,9 +217,12 @@ def test_nvml_events(make_node: MakeNode) -> None:
     pynvml.nvmlEventSetFree(event_set)
 
 
-def test_functions_the_simulator_lacks_are_function_not_found(make_node: MakeNode) -> None:
+def test_functions_no_driver_exports_are_function_not_found(make_node: MakeNode) -> None:
     make_node(NODE)
     with pytest.raises(pynvml.NVMLError_FunctionNotFound):
+        pynvml._nvmlGetFunctionPointer("nvmlDeviceGetSomethingNoDriverHas")
+    # A function real drivers export that the simulator does not model answers NotSupported.
+    with pytest.raises(pynvml.NVMLError_NotSupported):
         pynvml.nvmlDeviceGetBAR1MemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0))
 
 

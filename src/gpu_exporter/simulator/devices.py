@@ -21,6 +21,8 @@ METRICS: tuple[Metric, ...] = ("sm", "occupancy", "tensor", "dram", "util")
 DEFAULT_OCCUPANCY = 0.5
 # What the driver itself keeps on an otherwise empty GPU ("used" with memory_v2).
 DRIVER_USED_BYTES = 4 * 2**20
+# Device memory an MPS control server keeps per device it serves (nvidia-smi shows ~25-40 MiB).
+MPS_SERVER_BYTES = 32 * 2**20
 # Clock (and so dynamic power) factor while a clock-limiting reason is active.
 CLOCK_FACTORS = {
     "applications_clocks_setting": 0.9,
@@ -110,7 +112,10 @@ class Activity:
         return integrate(self.signals(metric), a, b).integral / (b - a)
 
     def memory_used(self) -> int:
-        return sum(w.spec.memory for w in self.workloads)
+        return sum(w.spec.memory for w in self.workloads) + self.mps_server_bytes()
+
+    def mps_server_bytes(self) -> int:
+        return MPS_SERVER_BYTES if any(w.spec.mps for w in self.workloads) else 0
 
 
 class MigDevice(Activity):
@@ -303,7 +308,9 @@ class GpuDevice(Activity):
         return [(w, None) for w in self.workloads]
 
     def memory_used(self) -> int:
-        return DRIVER_USED_BYTES + sum(w.spec.memory for w, _ in self.all_workloads())
+        servers = [self, *self.migs] if self.mig_enabled else [self]
+        mps = sum(device.mps_server_bytes() for device in servers)
+        return DRIVER_USED_BYTES + mps + sum(w.spec.memory for w, _ in self.all_workloads())
 
     @property
     def memory_total(self) -> int:

@@ -11,11 +11,19 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from gpu_exporter.simulator.coverage import (
+    constant_function,
+    constants_table,
+    not_supported_function,
+    not_supported_table,
+)
 from gpu_exporter.simulator.errors import NvmlFailure
 from gpu_exporter.simulator.nvml_base import UNINITIALIZED, UNKNOWN
+from gpu_exporter.simulator.nvml_device_info import DeviceInfoFunctions
 from gpu_exporter.simulator.nvml_gpm_events import GpmEventFunctions
 from gpu_exporter.simulator.nvml_identity import IdentityFunctions
 from gpu_exporter.simulator.nvml_interconnect import InterconnectFunctions
+from gpu_exporter.simulator.nvml_processes import ProcessFunctions
 from gpu_exporter.simulator.nvml_telemetry import TelemetryFunctions
 
 if TYPE_CHECKING:
@@ -47,14 +55,25 @@ UNLOCKED = frozenset({"nvmlEventSetWait_v2"})
 
 
 class NvmlFunctions(
-    IdentityFunctions, TelemetryFunctions, GpmEventFunctions, InterconnectFunctions
+    IdentityFunctions,
+    TelemetryFunctions,
+    GpmEventFunctions,
+    InterconnectFunctions,
+    ProcessFunctions,
+    DeviceInfoFunctions,
 ):
     """All implemented NVML functions; method names are the C symbols pynvml looks up."""
 
 
-C_FUNCTIONS = frozenset(
+METHODS = frozenset(
     name for name in dir(NvmlFunctions) if name.startswith("nvml") and not name.startswith("_")
-) | {"nvmlErrorString"}
+)
+# Functions that answer one constant (data/nvml_constants.tsv), unless a method implements them.
+CONSTANTS = frozenset(constants_table()) - METHODS
+IMPLEMENTED = METHODS | CONSTANTS | {"nvmlErrorString"}
+# Everything else pynvml wraps answers NotSupported (data/nvml_not_supported.tsv says why).
+NOT_SUPPORTED_FUNCTIONS = frozenset(not_supported_table()) - IMPLEMENTED
+C_FUNCTIONS = IMPLEMENTED | NOT_SUPPORTED_FUNCTIONS
 
 
 def nvml_error_string(result: Any) -> bytes:
@@ -68,8 +87,13 @@ class FakeNvmlLibrary:
     def __init__(self, node: SimulatedNode) -> None:
         self.node = node
         functions = NvmlFunctions(node)
-        for name in C_FUNCTIONS - {"nvmlErrorString"}:
+        for name in METHODS:
             setattr(self, name, _entry_point(node, name, getattr(functions, name)))
+        for name in CONSTANTS:
+            answer = constant_function(node.device_of, constants_table()[name])
+            setattr(self, name, _entry_point(node, name, answer))
+        for name in NOT_SUPPORTED_FUNCTIONS:
+            setattr(self, name, _entry_point(node, name, not_supported_function(node.device_of)))
         self.nvmlErrorString = _plain(nvml_error_string)
 
     def __getattr__(self, name: str) -> Callable[..., Any]:

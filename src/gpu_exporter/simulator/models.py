@@ -57,6 +57,7 @@ class GpuModel:
     engines: Mapping[str, int] = field(default_factory=dict)
     thresholds: Mapping[str, int] = field(default_factory=dict)
     vbios: str = ""
+    compute_capability: tuple[int, int] | None = None  # CUDA major.minor
 
     @property
     def supports_mig(self) -> bool:
@@ -112,7 +113,15 @@ def _model(key: str, raw: Mapping[str, Any]) -> GpuModel:
         engines={k: int(v) for k, v in raw["engines"].items()},
         thresholds={k: int(v) for k, v in raw["thresholds"].items()},
         vbios=str(raw["vbios"]),
+        compute_capability=_capability(raw.get("compute_capability")),
     )
+
+
+def _capability(raw: Any) -> tuple[int, int] | None:
+    if raw is None:
+        return None
+    major, minor = str(raw).split(".")
+    return int(major), int(minor)
 
 
 def load_models() -> Mapping[str, GpuModel]:

@@ -16,7 +16,13 @@ from typing import Any
 
 import pynvml
 
-from gpu_exporter.simulator.devices import Device, GpuDevice, MigDevice, Workload
+from gpu_exporter.simulator.devices import (
+    MPS_SERVER_BYTES,
+    Device,
+    GpuDevice,
+    MigDevice,
+    Workload,
+)
 from gpu_exporter.simulator.drivers import field_layout
 from gpu_exporter.simulator.kmsg import (
     PROCESS_XIDS,
@@ -128,7 +134,19 @@ class GpmSample:
 class SimulatedNode(LinkEvents):
     """Simulated GPUs and their timeline; ``library`` is the fake ``libnvidia-ml``."""
 
-    def __init__(self, scenario: Scenario, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        scenario: Scenario,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        epoch: float | None = None,
+        wall_origin: float | None = None,
+        pid_offset: int = 0,
+    ) -> None:
+        """``epoch``: the clock reading that is t=0 (default: now). ``wall_origin``: the wall
+        time of t=0, for NVML's wall-clock timestamps (default: now). ``pid_offset`` is added to
+        every simulated process id (``gpu-exporter-simulate`` moves them above the host's
+        ``pid_max``, where no host process can be)."""
         from gpu_exporter.simulator.library import FakeNvmlLibrary  # the library needs this class
 
         self.scenario = scenario
@@ -151,7 +169,9 @@ class SimulatedNode(LinkEvents):
         self.init_count = 0
         self.closed = threading.Event()
         self._allocations = list(scenario.allocations)
+        self.pid_offset = pid_offset
         self._pids = itertools.count(FIRST_PID)
+        self._mps_pids: dict[int, int] = {}  # id() of a device -> its MPS server's pid
         self._sequence = itertools.count()
         self._timeline: list[tuple[float, int, EventSpec]] = []
         self._index_handles()
@@ -160,7 +180,8 @@ class SimulatedNode(LinkEvents):
         for event in scenario.timeline:
             self._schedule(event, event.at or 0.0)
         self._clock = clock
-        self._t0 = clock()
+        self._t0 = clock() if epoch is None else epoch
+        self.wall_origin = time.time() if wall_origin is None else wall_origin
         self._last = 0.0
         self._integrated = [0.0] * len(self.gpus)  # per GPU: counters are integrated up to here
         self.library = FakeNvmlLibrary(self)
@@ -312,6 +333,8 @@ class SimulatedNode(LinkEvents):
 
     def _xid_line(self, gpu: GpuDevice, mig: MigDevice | None, p: Mapping[str, Any]) -> str:
         pid, name = p["pid"], p["process_name"]
+        if pid is not None:
+            pid += self.pid_offset
         if pid is None and p["code"] in PROCESS_XIDS:
             running = mig.workloads if mig else [w for w, _ in gpu.all_workloads()]
             if running:
@@ -470,7 +493,20 @@ class SimulatedNode(LinkEvents):
         gpu = self.gpus[spec.gpu]
         device: GpuDevice | MigDevice = gpu.migs[spec.mig] if spec.mig is not None else gpu
         pid = spec.pid if spec.pid is not None else next(self._pids)
-        device.workloads.append(Workload(spec, pid, t))
+        device.workloads.append(Workload(spec, pid + self.pid_offset, t))
+
+    def mps_servers(self, device: Device) -> list[tuple[int, int, MigDevice | None]]:
+        """(pid, memory, MIG instance) of the MPS control server on each of ``device``'s
+        schedulable devices (itself, or its MIG instances) that has MPS clients."""
+        served = device.migs if isinstance(device, GpuDevice) and device.mig_enabled else [device]
+        servers = []
+        for each in served:
+            if any(w.spec.mps for w in each.workloads):
+                if id(each) not in self._mps_pids:
+                    self._mps_pids[id(each)] = next(self._pids) + self.pid_offset
+                mig = each if isinstance(each, MigDevice) else None
+                servers.append((self._mps_pids[id(each)], MPS_SERVER_BYTES, mig))
+        return servers
 
     # ------------------------------------------------------------------ summary
 

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from typing import Any
 
 import pynvml
 
-from gpu_exporter.simulator.devices import GpuDevice, MigDevice, Workload, remap_histogram
+from gpu_exporter.simulator.devices import GpuDevice, MigDevice, remap_histogram
 from gpu_exporter.simulator.errors import NvmlFailure
 from gpu_exporter.simulator.links import INTERCONNECT_FIELDS, field_value
-from gpu_exporter.simulator.node import NO_INSTANCE
 from gpu_exporter.simulator.nvml_base import (
     ARGUMENT_VERSION_MISMATCH,
     FUNCTION_NOT_FOUND,
@@ -47,7 +45,6 @@ COUNTER_FIELDS = {
 POWER_SMOOTHING_VALUES = {251: 1, 252: 0, 253: 0, 264: 0, 265: 0, 266: 5_000_000}
 MEMORY_TEMP_FIELD = 82
 TOTAL_ENERGY_FIELD = 83
-NOT_AVAILABLE_ULL = 2**64 - 1  # NVML_VALUE_NOT_AVAILABLE as an unsigned long long
 RECOVERY_ACTION_FIELD = 230
 # Supported clock-event reasons: every bit but "display clock setting" on headless parts.
 SUPPORTED_REASONS = 0xFF
@@ -290,7 +287,7 @@ class TelemetryFunctions(FunctionsBase):
         return SUCCESS
 
     def nvmlDeviceGetRetiredPages_v2(
-        self, handle: Any, cause: Any, count: Any, pages: Any, times: Any
+        self, handle: Any, cause: Any, count: Any, pages: Any, times: Any = None
     ) -> int:
         result = self.nvmlDeviceGetRetiredPages(handle, cause, count, pages)
         if result == SUCCESS and times is not None:
@@ -303,29 +300,6 @@ class TelemetryFunctions(FunctionsBase):
         if not gpu.model.page_retirement:
             raise NvmlFailure(NOT_SUPPORTED)
         out(pending).value = int(any(p for _, _, p in gpu.errors.retired))
-        return SUCCESS
-
-    # ------------------------------------------------------------------ processes
-
-    def _processes(self, handle: Any) -> Sequence[tuple[Workload, MigDevice | None]]:
-        device = self.device(handle)
-        if isinstance(device, MigDevice):
-            return [(w, device) for w in device.workloads]
-        self.privileged_parent(device)
-        return device.all_workloads()
-
-    def nvmlDeviceGetComputeRunningProcesses_v3(self, handle: Any, count: Any, infos: Any) -> int:
-        processes = self._processes(handle)
-        if not _fits(count, infos, len(processes)):
-            return INSUFFICIENT_SIZE
-        for i, (workload, mig) in enumerate(processes):
-            info = infos[i]
-            info.pid = workload.pid
-            # NVML_VALUE_NOT_AVAILABLE where the driver cannot say (pynvml turns it into None).
-            reported = workload.spec.memory_reported
-            info.usedGpuMemory = workload.spec.memory if reported else NOT_AVAILABLE_ULL
-            info.gpuInstanceId = mig.spec.gpu_instance_id if mig else NO_INSTANCE
-            info.computeInstanceId = 0 if mig else NO_INSTANCE
         return SUCCESS
 
 

@@ -81,6 +81,7 @@ class GpuSpec:
     mig: tuple[MigInstanceSpec, ...] | None
     ecc: bool
     minor: int = -1  # the device minor (/dev/nvidia<minor>); -1: the index
+    compute_mode: int = 0  # NVML_COMPUTEMODE_*: 0 default, 2 prohibited, 3 exclusive process
 
     @property
     def device_minor(self) -> int:
@@ -107,6 +108,7 @@ class WorkloadSpec:
     occupancy: Pattern | None
     utilization: Pattern | None
     memory_reported: bool = True  # False: usedGpuMemory is NVML_VALUE_NOT_AVAILABLE
+    mps: bool = False  # an MPS client (listed by nvmlDeviceGetMPSComputeRunningProcesses)
 
 
 @dataclass(frozen=True)
@@ -264,7 +266,8 @@ def _gpus(raw: Any, path: str) -> tuple[GpuSpec, ...]:
 def _gpu_entry(raw: Any, path: str, first_index: int) -> list[GpuSpec]:
     if isinstance(raw, str):
         raw = {"model": raw}
-    entry = s.mapping(raw, path, {"model", "count", "mig", "ecc", "minor"}, {"model"})
+    keys = {"model", "count", "mig", "ecc", "minor", "compute_mode"}
+    entry = s.mapping(raw, path, keys, {"model"})
     models = load_models()
     name = s.choice(entry["model"], s.key(path, "model"), models)
     model = models[name]
@@ -273,10 +276,24 @@ def _gpu_entry(raw: Any, path: str, first_index: int) -> list[GpuSpec]:
     ecc = s.boolean(entry.get("ecc", model.ecc_default), s.key(path, "ecc"))
     # Device minors: the index by default; ``minor`` numbers this entry's GPUs from there.
     minor = s.integer(entry["minor"], s.key(path, "minor"), 0, 255) if "minor" in entry else None
+    mode = s.choice(
+        entry.get("compute_mode", "default"), s.key(path, "compute_mode"), COMPUTE_MODES
+    )
     return [
-        GpuSpec(first_index + n, model, mig, ecc, -1 if minor is None else minor + n)
+        GpuSpec(
+            first_index + n,
+            model,
+            mig,
+            ecc,
+            minor=-1 if minor is None else minor + n,
+            compute_mode=COMPUTE_MODES[mode],
+        )
         for n in range(count)
     ]
+
+
+# nvmlDeviceGetComputeMode's answers (NVML_COMPUTEMODE_*; 1, exclusive thread, was removed).
+COMPUTE_MODES = {"default": 0, "prohibited": 2, "exclusive_process": 3}
 
 
 def mig_layout(raw: Any, path: str, model: GpuModel) -> tuple[MigInstanceSpec, ...]:
@@ -328,6 +345,7 @@ WORKLOAD_KEYS = {
     "occupancy",
     "utilization",
     "memory_reported",
+    "mps",
 }
 
 
@@ -384,6 +402,7 @@ def build_workload(w: Mapping[str, Any], path: str, gpu: int, mig: int | None) -
         occupancy=opt_pattern("occupancy"),
         utilization=opt_pattern("utilization"),
         memory_reported=s.boolean(w.get("memory_reported", True), s.key(path, "memory_reported")),
+        mps=s.boolean(w.get("mps", False), s.key(path, "mps")),
     )
 
 
