@@ -16,6 +16,7 @@ Edge (what reaches or is reached from outside):
     http/              every endpoint: server, guard, web config and its reloads, admin API
     cli, app           flags into Config (the only module that exits); wiring the parts
     simulator/         stands in for libnvidia-ml, the kubelet and the kernel log (--simulate)
+    simulate_cli, simulate_hook   gpu-exporter-simulate: the simulated node under any program
 """
 
 __version__ = "0.1.0"

@@ -223,7 +223,7 @@ def test_functions_no_driver_exports_are_function_not_found(make_node: MakeNode)
         pynvml._nvmlGetFunctionPointer("nvmlDeviceGetSomethingNoDriverHas")
     # A function real drivers export that the simulator does not model answers NotSupported.
     with pytest.raises(pynvml.NVMLError_NotSupported):
-        pynvml.nvmlDeviceGetBAR1MemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0))
+        pynvml.nvmlDeviceGetBoardPartNumber(pynvml.nvmlDeviceGetHandleByIndex(0))
 
 
 EXPORTER_WRAPPERS = tuple(

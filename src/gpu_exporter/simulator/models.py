@@ -58,6 +58,7 @@ class GpuModel:
     thresholds: Mapping[str, int] = field(default_factory=dict)
     vbios: str = ""
     compute_capability: tuple[int, int] | None = None  # CUDA major.minor
+    bar1_mib: int | None = None
 
     @property
     def supports_mig(self) -> bool:
@@ -114,6 +115,7 @@ def _model(key: str, raw: Mapping[str, Any]) -> GpuModel:
         thresholds={k: int(v) for k, v in raw["thresholds"].items()},
         vbios=str(raw["vbios"]),
         compute_capability=_capability(raw.get("compute_capability")),
+        bar1_mib=int(raw["bar1_mib"]) if "bar1_mib" in raw else None,
     )
 
 

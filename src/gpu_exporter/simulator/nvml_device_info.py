@@ -74,6 +74,21 @@ class DeviceInfoFunctions(FunctionsBase):
         sizes.unprotectedMemSizeKib = gpu.memory_total // 1024
         return SUCCESS
 
+    def nvmlDeviceGetBAR1MemoryInfo(self, handle: Any, memory: Any) -> int:
+        """The BAR1 aperture: the driver maps 1 MiB, plus 2 MiB per process (an approximation);
+        a MIG instance gets the share of its memory (nvidia-smi lists BAR1 per instance)."""
+        device = self.device(handle)
+        gpu = device.gpu
+        if gpu.model.bar1_mib is None:
+            raise NvmlFailure(NOT_SUPPORTED)
+        bar1 = out(memory)
+        share = device.memory_total / gpu.memory_total if device is not gpu else 1.0
+        bar1.bar1Total = round(gpu.model.bar1_mib * share) * 2**20
+        processes = gpu.all_workloads() if device is gpu else device.workloads
+        bar1.bar1Used = (1 + 2 * len(processes)) * 2**20
+        bar1.bar1Free = bar1.bar1Total - bar1.bar1Used
+        return SUCCESS
+
     def nvmlDeviceGetPowerManagementDefaultLimit(self, handle: Any, limit: Any) -> int:
         out(limit).value = round(self.gpu(handle).model.power_limit_w * 1000)
         return SUCCESS

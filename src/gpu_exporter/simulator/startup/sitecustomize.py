@@ -1,0 +1,41 @@
+"""Run at interpreter start-up under ``gpu-exporter-simulate`` (this directory is on PYTHONPATH).
+
+It hooks ``import pynvml`` to the simulated node (gpu_exporter.simulate_hook), then runs the
+``sitecustomize`` this file shadows, if there is one. An interpreter that cannot import
+gpu_exporter itself gets the command's package directory at the end of its path.
+"""
+
+import importlib
+import os
+import sys
+
+
+def _start() -> None:
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        from gpu_exporter import simulate_hook as preload
+    except ImportError:
+        fallback = os.environ.get("GPU_EXPORTER_SIMULATE_PACKAGES", "")
+        if not fallback:
+            raise
+        sys.path.append(fallback)
+        from gpu_exporter import simulate_hook as preload
+    preload.activate()
+    # The sitecustomize further down the path (a distribution's own) still runs.
+    shadowed = [p for p in sys.path if os.path.abspath(p or ".") != here]
+    saved, sys.path[:] = sys.path[:], shadowed
+    module = sys.modules.pop("sitecustomize", None)
+    try:
+        importlib.import_module("sitecustomize")
+    except ImportError:
+        pass
+    finally:
+        sys.path[:] = saved
+        if module is not None and "sitecustomize" not in sys.modules:
+            sys.modules["sitecustomize"] = module
+
+
+try:
+    _start()
+except Exception as error:
+    sys.stderr.write(f"gpu-exporter-simulate: no simulated GPUs in this process: {error!r}\n")
