@@ -141,6 +141,8 @@ SPECIAL: dict[str, Callable[[Arguments], list[Any]]] = {
     "nvmlEventSetWait": lambda a: [a.event_set, 0],
     "nvmlEventSetWait_v2": lambda a: [a.event_set, 0],
     "nvmlSystemGetProcessName": lambda a: [1234],
+    "nvmlDeviceGetGpuFabricInfo": lambda a: [a.gpu, pynvml.byref(pynvml.c_nvmlGpuFabricInfo_t())],
+    "nvmlDeviceGetGpuFabricInfoV": lambda a: [a.gpu, pynvml.byref(_fabric_v3())],
 }
 # Answers besides a value and NotSupported that are what a real driver gives for these calls.
 EXPECTED_ERRORS: dict[str, type[pynvml.NVMLError]] = {
@@ -148,6 +150,12 @@ EXPECTED_ERRORS: dict[str, type[pynvml.NVMLError]] = {
     "nvmlEventSetWait": pynvml.NVMLError_Timeout,
     "nvmlEventSetWait_v2": pynvml.NVMLError_Timeout,
 }
+
+
+def _fabric_v3() -> Any:
+    info = pynvml.c_nvmlGpuFabricInfo_v3_t()
+    info.version = pynvml.nvmlGpuFabricInfo_v3
+    return info
 
 
 def _gpm_metrics(arguments: Arguments) -> Any:

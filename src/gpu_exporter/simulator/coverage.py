@@ -18,7 +18,7 @@ from typing import Any
 SUCCESS, INVALID_ARGUMENT, NOT_SUPPORTED, GPU_IS_LOST = 0, 2, 3, 15
 DeviceOf = Callable[[Any], Any]  # SimulatedNode.device_of: handle -> device (with .gpu) or None
 
-CATEGORIES = frozenset({"not_supported", "setter", "not_modelled", "issue13"})
+CATEGORIES = frozenset({"not_supported", "setter", "not_modelled"})
 
 
 @dataclass(frozen=True)

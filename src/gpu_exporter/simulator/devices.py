@@ -221,7 +221,7 @@ class GpuDevice(Activity):
         self.field_overrides: dict[int, tuple[int, int]] = {}
         self.links = Interconnect.for_model(self.model, *fabric)
         self.persistence_mode = True
-        self.compute_mode = pynvml.NVML_COMPUTEMODE_DEFAULT
+        self.compute_mode = spec.compute_mode  # NVML_COMPUTEMODE_*
         self.missing = False  # on the PCI bus, but never enumerated by NVML (dead at boot)
 
     @property

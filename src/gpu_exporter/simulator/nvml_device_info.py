@@ -1,6 +1,6 @@
 """Fake NVML: device state third-party tools read (nvitop, nvidia-smi-like dashboards).
 
-Engines, PCIe throughput, compute capability and mode, confidential-computing memory split, and
+PCIe throughput, BAR1, compute capability, confidential-computing memory split, and
 handle lookups by PCI bus id or serial. Single-constant answers (persistence mode, P-state, ...)
 come from ``data/nvml_constants.tsv`` (see :mod:`.coverage`).
 """
@@ -22,8 +22,6 @@ from gpu_exporter.simulator.nvml_base import (
     val,
 )
 
-# NVENC/NVDEC utilisation is averaged over this period (what drivers report: 1/6 s).
-ENGINE_SAMPLING_PERIOD_US = 167_000
 # nvmlDeviceGetPcieThroughput in KB/s: a floor of driver traffic plus host transfers that follow
 # DRAM activity (an illustration, not a measurement: H100's Gen5 x16 link carries ~64 GB/s).
 PCIE_IDLE_KBPS = {0: 800, 1: 1_200}  # NVML_PCIE_UTIL_TX_BYTES, NVML_PCIE_UTIL_RX_BYTES
@@ -32,18 +30,6 @@ HOPPER = 9  # NVML_DEVICE_ARCH_HOPPER: confidential computing from here on
 
 
 class DeviceInfoFunctions(FunctionsBase):
-    def _engine(self, handle: Any, utilization: Any, period: Any) -> int:
-        self.device(handle)
-        out(utilization).value = 0  # no modelled workload encodes or decodes video
-        out(period).value = ENGINE_SAMPLING_PERIOD_US
-        return SUCCESS
-
-    def nvmlDeviceGetEncoderUtilization(self, handle: Any, utilization: Any, period: Any) -> int:
-        return self._engine(handle, utilization, period)
-
-    def nvmlDeviceGetDecoderUtilization(self, handle: Any, utilization: Any, period: Any) -> int:
-        return self._engine(handle, utilization, period)
-
     def nvmlDeviceGetPcieThroughput(self, handle: Any, counter: Any, value: Any) -> int:
         gpu = self.gpu(handle)
         kind = int(val(counter))
@@ -58,10 +44,6 @@ class DeviceInfoFunctions(FunctionsBase):
         if capability is None:
             raise NvmlFailure(NOT_SUPPORTED)
         out(major).value, out(minor).value = capability
-        return SUCCESS
-
-    def nvmlDeviceGetComputeMode(self, handle: Any, mode: Any) -> int:
-        out(mode).value = self.device(handle).gpu.spec.compute_mode
         return SUCCESS
 
     def nvmlDeviceGetConfComputeMemSizeInfo(self, handle: Any, info: Any) -> int:
