@@ -376,6 +376,30 @@ def fleet() -> dict[str, Any]:
             "percentunit",
             description="NVML utilisation minus SM activity per device (5m), largest first.",
         ),
+        Row("NVLink domains"),
+        Panel(
+            "stat",
+            "Whole NVLink domains free now",
+            [Query("fleet:gpu_nvlink_domains_free:count")],
+            "none",
+            width=6,
+            description="Domains (a fabric clique, else a node) with no GPU allocated: where a "
+            "job that needs one whole NVLink domain can start right now.",
+        ),
+        Panel(
+            "table",
+            "NVLink domains: GPUs, allocated, free",
+            [
+                Query("domain:gpu_devices:count", "GPUs", instant=True),
+                Query("domain:gpu_allocated:count", "allocated", instant=True),
+                Query("domain:gpu_free:count", "free", instant=True),
+            ],
+            "none",
+            width=18,
+            description="Per NVLink domain: `<cluster_uuid>/<clique_id>` of a fabric clique "
+            "(GB200 NVL72), else the node. A job needing N GPUs in one domain fits where free "
+            ">= N.",
+        ),
     ]
     variables = _variables(
         _query_variable("namespace", "Namespace", "label_values(gpu_allocation_info, namespace)")
@@ -497,6 +521,75 @@ def node() -> dict[str, Any]:
             "percentunit",
             max=1,
             width=12,
+        ),
+        Row("Interconnect"),
+        Panel(
+            "table",
+            "NVLink link state",
+            [Query("gpu_nvlink_link_active{" + SEL + "}", "{{gpu}} link {{link}}", instant=True)],
+            "none",
+            width=8,
+            description="1 active, 0 down, per link the GPU has (absent on PCIe cards).",
+        ),
+        Panel(
+            "timeseries",
+            "NVLink errors",
+            [
+                Query(
+                    "rate(gpu_nvlink_errors_total{" + SEL + "}" + rate + ")",
+                    "{{gpu}} {{type}}",
+                )
+            ],
+            "cps",
+            width=8,
+            description="Per GPU, summed over its links; DCGM's limit for CRC errors is 100/s.",
+        ),
+        Panel(
+            "timeseries",
+            "PCIe replays and errors",
+            [
+                Query("rate(gpu_pcie_replays_total{" + SEL + "}" + rate + ")", "{{gpu}} replays"),
+                Query("rate(gpu_pcie_errors_total{" + SEL + "}" + rate + ")", "{{gpu}} {{type}}"),
+            ],
+            "cps",
+            width=8,
+            description="DCGM's health limit is 8 replays a minute.",
+        ),
+        Panel(
+            "timeseries",
+            "NVLink traffic",
+            [
+                Query(
+                    "rate(gpu_nvlink_transmit_bytes_total{" + SEL + "}" + rate + ")", "{{gpu}} tx"
+                ),
+                Query(
+                    "rate(gpu_nvlink_receive_bytes_total{" + SEL + "}" + rate + ")", "{{gpu}} rx"
+                ),
+            ],
+            "Bps",
+            width=8,
+        ),
+        Panel(
+            "timeseries",
+            "PCIe traffic",
+            [
+                Query("rate(gpu_pcie_transmit_bytes_total{" + SEL + "}" + rate + ")", "{{gpu}} tx"),
+                Query("rate(gpu_pcie_receive_bytes_total{" + SEL + "}" + rate + ")", "{{gpu}} rx"),
+            ],
+            "Bps",
+            width=8,
+        ),
+        Panel(
+            "timeseries",
+            "PCIe link width against its maximum",
+            [
+                Query("gpu_pcie_link_width_lanes{" + SEL + "}", "{{gpu}} lanes"),
+                Query("gpu_pcie_link_max_width_lanes{" + SEL + "}", "{{gpu}} max lanes"),
+            ],
+            "none",
+            width=8,
+            description="Width below the maximum is a link that trained down. Generation drops "
+            "at idle by design, so only width is shown here.",
         ),
         Row("MIG"),
         Panel("table", "MIG instances", [Query("gpu_mig_info{" + SEL + "}")], "none", width=12),

@@ -68,6 +68,8 @@ KSM_PATH = "/kube-state-metrics/metrics"
 XID_METRICS = ("gpu_xid", "gpu_drain_recommended", "class:gpu_xid")
 # NVSwitch 3 sits on PCI bus 0000:08:00.0 in the simulator.
 FATAL_SXID = {"type": "sxid", "switch": 3, "code": 20034, "severity": "fatal", "link": 32}
+NVLINK_DOWN = {"type": "nvlink_down", "gpu": 3, "link": 5}
+PCIE_DOWNTRAIN = {"type": "pcie_downtrain", "gpu": 1, "width": 8}
 ALLOCATION_METRICS = (
     "gpu_alloc",
     "gpu_container_memory",
@@ -286,6 +288,10 @@ async def stack() -> AsyncIterator[Stack]:
             {"type": "throttle", "gpu": 1, "reason": "hw_thermal_slowdown"},
             {"type": "ecc", "gpu": 0, "uncorrected": 1},
         )
+        # Interconnect faults: an NVLink link down on node A, node C's L40S trained to x8 (node
+        # C also has a GPU missing since boot, in its scenario).
+        await asyncio.to_thread(exporters["node-a"].inject, NVLINK_DOWN)
+        await asyncio.to_thread(exporters["node-c"].inject, PCIE_DOWNTRAIN)
         yield built
     finally:
         await session.close()
@@ -460,3 +466,45 @@ async def test_idle_cost_and_queues_are_recorded_for_the_simulated_fleet(stack: 
         "fleet:gpu_allocated_idle_cost_per_hour:rate5m > 0", bool, "fleet idle-allocation cost"
     )
     await stack.eventually("queue:gpu_allocated_seconds:rate5m", bool, "GPUs held per Kueue queue")
+
+
+def firing(stack: Stack, receiver: str, alertname: str) -> set[tuple[str, ...]]:
+    """(instance, gpu, link) of every firing ``alertname`` that reached ``receiver``."""
+    return {
+        (a["labels"]["instance"], a["labels"].get("gpu", ""), a["labels"].get("link", ""))
+        for a in stack.webhook.alerts(receiver)
+        if a["labels"]["alertname"] == alertname
+    }
+
+
+async def test_an_nvlink_link_down_pages_infra_for_that_link_only(stack: Stack) -> None:
+    node_a = stack.exporters["node-a"].address
+    alert = await stack.webhook.wait_for_alert(
+        "infra-pager",
+        lambda labels: labels.get("alertname") == "GPUNVLinkDown",
+    )
+    assert alert["annotations"]["runbook_url"].endswith("#gpunvlinkdown")
+    assert firing(stack, "infra-pager", "GPUNVLinkDown") == {(node_a, "3", "5")}, (
+        "only the injected link may be reported down"
+    )
+
+
+async def test_a_pcie_link_trained_down_reaches_infra_and_idle_gpus_do_not(stack: Stack) -> None:
+    node_c = stack.exporters["node-c"].address
+    await stack.webhook.wait_for_alert(
+        "infra-tickets",
+        lambda labels: labels.get("alertname") == "GPUPCIeLinkDegraded",
+    )
+    assert firing(stack, "infra-tickets", "GPUPCIeLinkDegraded") == {(node_c, "1", "")}, (
+        "idle GPUs run at Gen1 by design and must not be reported degraded"
+    )
+
+
+async def test_a_gpu_missing_since_boot_pages_infra_for_its_node(stack: Stack) -> None:
+    node_c = stack.exporters["node-c"].address
+    alert = await stack.webhook.wait_for_alert(
+        "infra-pager",
+        lambda labels: labels.get("alertname") == "GPUMissing",
+    )
+    assert alert["labels"]["instance"] == node_c
+    assert firing(stack, "infra-pager", "GPUMissing") == {(node_c, "", "")}

@@ -81,11 +81,12 @@ LEVEL_LABELS = {
     "namespace": {"namespace"},
     "namespace_class": {"namespace", "class"},
     "queue": {"namespace", "queue"},
+    "domain": {"domain"},
     "instance": TARGET,
     "instance_reason": TARGET | {"reason"},
 }
 IDENTITY_LABELS = {"model", "pci_bus_id", "driver_version", "mig_mode", "activity_source"}
-IDENTITY_LABELS |= {"idle_source"}
+IDENTITY_LABELS |= {"idle_source", "persistence_mode", "compute_mode", "serial", "vbios_version"}
 LABEL_NAME = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="')
 
 
