@@ -248,6 +248,7 @@ def _build_allocation(
         self_pod=config.self_pod,
         devices=sampler.devices,
         ledger=sampler.ledger,
+        mig_profiles=sampler.mig_profiles,
         executor=pool,
         idle_threshold=config.idle_threshold,
         poll_interval=config.pod_resources_interval,

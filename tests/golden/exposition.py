@@ -54,6 +54,7 @@ async def golden_exposition() -> str:
             socket_path=kubelet.socket_path,
             devices=sampler.devices,
             ledger=sampler.ledger,
+            mig_profiles=sampler.mig_profiles,
             executor=pool,
             proc_path=kubelet.proc_path,
             pod_logs_path=kubelet.pod_logs_path,

@@ -34,6 +34,7 @@ from ..exposition import Family, Sample, join_labels, label_string
 from ..families import SOURCE_UP
 from ..ledger import ActivityLedger
 from ..logs import RateLimitedLog, get_logger
+from ..migprofiles import MigProfileBook
 from ..nvml import ErrorCounter, PoolExhausted
 from ..ticks import ticks
 from .accounting import IdleAccountant
@@ -54,6 +55,8 @@ from .metrics import (
 from .model import Allocations, PodKey, resolve_snapshot
 from .podresources import PodResourcesClient, PodResourcesError, PodResourcesSnapshot
 from .processes import NvmlProcessLister, ProcessLister, ScanResult, scan
+from .rightsizing import FAMILIES as RIGHTSIZING_FAMILIES
+from .rightsizing import RightSizer
 
 T = TypeVar("T")
 _log = get_logger("allocation")
@@ -81,7 +84,7 @@ class _PidOwner:
 
 
 class AllocationSubsystem:
-    families: Sequence[Family] = (*FAMILIES, SOURCE_UP)
+    families: Sequence[Family] = (*FAMILIES, *RIGHTSIZING_FAMILIES, SOURCE_UP)
 
     def __init__(
         self,
@@ -104,6 +107,7 @@ class AllocationSubsystem:
         errors: ErrorCounter | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        mig_profiles: MigProfileBook | None = None,
     ) -> None:
         self._client = PodResourcesClient(socket_path, timeout=call_timeout)
         self._devices = devices
@@ -120,6 +124,8 @@ class AllocationSubsystem:
         self._clock = clock
         self._wall_clock = wall_clock
         self._accountant = IdleAccountant(ledger, idle_threshold)
+        # Peak memory and the smallest fitting MIG profile per allocation (sampler.mig_profiles).
+        self._rightsizer = RightSizer(ledger, mig_profiles or MigProfileBook())
         self._history = HolderHistory(slack=poll_interval + update_interval)
         self._rlog = RateLimitedLog(_log, period=60.0, clock=clock)
         self._snapshot: PodResourcesSnapshot | None = None
@@ -221,6 +227,7 @@ class AllocationSubsystem:
         self._note_unresolved(allocations)
         held = _held(allocations)
         self._accountant.update(self._clock(), held)
+        self._rightsizer.update(self._clock(), held)
         self._history.observe(self._wall_clock(), held)
         self._allocations = allocations
         self._rebuild()
@@ -288,6 +295,7 @@ class AllocationSubsystem:
             memory.setdefault(key, []).append(process.used_bytes)
         self._pids = {p: o for p, o in self._pids.items() if now - o.seen < PID_RETENTION}
         self._memory = list(_memory_samples(memory))
+        self._rightsizer.observe_memory(memory)
         self._rebuild()
 
     def _container(self, device: DeviceId, pod: PodKey, names: PodName) -> str:
@@ -358,6 +366,7 @@ class AllocationSubsystem:
                 yield Sample(ALLOCATED_IDLE_SECONDS, labels, usage.idle)
                 if usage.released_at is None:
                     yield Sample(IDLE_STREAK, labels, usage.streak)
+        yield from self._rightsizer.samples()
 
     def _warn(self, key: str, event: str, **fields: Any) -> None:
         self._rlog.warning(key, event, **fields)

@@ -9,6 +9,7 @@ from .clocks import ClocksCollector
 from .ecc import EccCollector
 from .fabric import FabricCollector
 from .memory import MemoryCollector
+from .mig_profiles import MigProfilesCollector
 from .nvlink import InterconnectCollector, NvLinkStateCollector
 from .pcie import PcieLinkCollector
 from .pipes import EnginesCollector
@@ -38,6 +39,7 @@ ALL_COLLECTORS: tuple[type[Collector], ...] = (
     InterconnectCollector,
     FabricCollector,
     EnginesCollector,
+    MigProfilesCollector,
 )
 
 

@@ -21,6 +21,7 @@ from ..config import Config
 from ..devices import Device, DeviceId
 from ..exposition import Family, Sample, join_labels
 from ..ledger import ActivityLedger
+from ..migprofiles import MigProfileBook
 from ..nvml import DeviceCalls
 from .fields import FieldBatch, FieldBatches
 
@@ -43,6 +44,8 @@ class CollectorContext:
     config: Config
     clock: Callable[[], float] = time.monotonic
     ledger: ActivityLedger = field(default_factory=ActivityLedger)
+    # Each GPU's MIG profile table, for right-sizing (the mig_profiles collector writes it).
+    mig_profiles: MigProfileBook = field(default_factory=MigProfileBook)
     # Told (from a worker thread) each time a device reports a failed row remap: the drain latch.
     on_remap_failure: Callable[[DeviceId], None] = lambda device: None
     # Field values, read once per device and round for all collectors (see fields.py).

@@ -19,6 +19,7 @@ from ..devices import Device, DeviceId, Gpu, SystemInfo, discover_gpu, read_syst
 from ..exposition import Exposition, Sample, render
 from ..ledger import ActivityLedger
 from ..logs import RateLimitedLog, get_logger
+from ..migprofiles import MigProfileBook
 from ..nvml import (
     DeviceLost,
     ErrorCounter,
@@ -54,8 +55,13 @@ class Sampler:
         self._collector_types = tuple(c for c in collectors if c.name in config.collectors)
         self._clock = clock
         self.ledger = ActivityLedger()
+        self.mig_profiles = MigProfileBook()  # each GPU's MIG profiles, for right-sizing
         self._context = CollectorContext(
-            config=config, clock=clock, ledger=self.ledger, on_remap_failure=self._remap_failed
+            config=config,
+            clock=clock,
+            ledger=self.ledger,
+            mig_profiles=self.mig_profiles,
+            on_remap_failure=self._remap_failed,
         )
         self._support = SupportRegistry()
         self._errors = ErrorCounter()

@@ -220,11 +220,15 @@ class IdentityFunctions(FunctionsBase):
     def _profile(self, handle: Any, profile_id: Any) -> MigProfile:
         gpu = self._mig_capable(handle)
         wanted = int(val(profile_id))
+        valid = 0 <= wanted < pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT
+        if not gpu.mig_enabled:
+            # nvml.h: NOT_SUPPORTED "if device doesn't have MIG mode enabled or profile isn't
+            # supported" (a MIG-capable GPU with MIG off lists no profiles).
+            raise NvmlFailure(NOT_SUPPORTED if valid else INVALID_ARGUMENT)
         for profile in gpu.model.mig_profiles.values():
             if profile.profile_id == wanted:
                 return profile
         # A profile NVML defines that this GPU lacks is NotSupported; beyond them, invalid.
-        valid = 0 <= wanted < pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT
         raise NvmlFailure(NOT_SUPPORTED if valid else INVALID_ARGUMENT)
 
     def nvmlDeviceGetGpuInstanceProfileInfoByIdV(self, handle: Any, pid: Any, info: Any) -> int:
