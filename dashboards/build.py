@@ -948,6 +948,48 @@ def cost() -> dict[str, Any]:
             stack=True,
             description="What each namespace's allocations cost, idle or not.",
         ),
+        Row("Right-sizing"),
+        Panel(
+            "stat",
+            "Reclaimable GPUs",
+            [Query("fleet:gpu_reclaimable:sum", "reclaimable")],
+            GPUS,
+            width=6,
+            height=8,
+            description="Whole GPUs freed if every whole-GPU holder that fits a MIG profile moved "
+            "to it (1 - the profile's compute fraction each); the exporter decides each fit "
+            "(docs/allocation.md, Right-sizing).",
+        ),
+        Panel(
+            "table",
+            "Reclaimable: whole GPUs whose holder fits a MIG slice",
+            [
+                Query(
+                    'gpu_allocation_smallest_fitting_profile_info{profile!="whole_gpu", '
+                    + NS
+                    + "} == 1"
+                )
+            ],
+            "none",
+            width=18,
+            height=8,
+            description="Each pod holding a whole GPU whose memory peak (+10%) and SM-activity "
+            "p95 over its allocation fit the listed MIG profile: move it there to free the rest.",
+        ),
+        Panel(
+            "bargauge",
+            "Reclaimable GPUs by namespace",
+            [
+                Query(
+                    "sort_desc(namespace:gpu_reclaimable:sum{" + NS + "})",
+                    "{{namespace}}",
+                    instant=True,
+                )
+            ],
+            GPUS,
+            width=24,
+            height=6,
+        ),
         Row("Queues (Kueue)"),
         Panel(
             "timeseries",

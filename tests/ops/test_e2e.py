@@ -76,6 +76,7 @@ ALLOCATION_METRICS = (
     "namespace:",
     "fleet:gpu_allocated",
     "fleet:gpu_allocation_activity_gap",
+    "fleet:gpu_reclaimable",
     "device:gpu_allocat",
 )
 
