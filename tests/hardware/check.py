@@ -31,6 +31,7 @@ import pynvml
 from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import dra_probes
 import nvml_facts
 import probes
 
@@ -202,6 +203,8 @@ def main() -> int:
         results["idle"] = report("idle", families, scrape(base))
         results["reasons_idle"] = nvml_facts.current_reasons(gpus)
         results["interconnect_probes"] = nvml_probes(gpus)
+        results["dra"] = dra_probes.dra_probes(gpus)
+        nvml_facts.show("\n=== DRA: device minors and mig-minors ===", results["dra"])
         if args.simulate:
             print("\nload phase skipped: --simulate")
         else:

@@ -42,3 +42,8 @@ def test_the_hardware_check_reports_every_family_in_a_dry_run(tmp_path: Path) ->
     thermal = results["reasons_idle"]["0"]  # the dry run starts a thermal slowdown on GPU 0
     assert "hw_slowdown" in thermal, thermal
     assert "hw_thermal_slowdown" in thermal, thermal
+
+    dra = results["dra"]  # what DRA attribution needs: device minors, mig-minors
+    assert dra["gpus"]["0"]["minor"] == 0, "the built-in node's minors are its indexes"
+    assert "mig_minors" in dra
+    assert "DRA: device minors and mig-minors" in result.stdout
