@@ -16,7 +16,8 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from gpu_exporter.simulator.errors import ScenarioError
-from gpu_exporter.simulator.scenario import Scenario, loads_scenario, parse_scenario
+from gpu_exporter.simulator.loader import loads_scenario, parse_scenario
+from gpu_exporter.simulator.scenario import Scenario
 
 SOURCE = "fuzzed.yaml"
 REPO = Path(__file__).resolve().parents[2]

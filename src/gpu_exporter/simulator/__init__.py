@@ -34,8 +34,9 @@ retired_pages, recovery_action, allocate, release, hang, unhang. Models: see
 
 from gpu_exporter.simulator.errors import ScenarioError
 from gpu_exporter.simulator.install import install, uninstall
+from gpu_exporter.simulator.loader import load_scenario, loads_scenario, parse_scenario
 from gpu_exporter.simulator.node import Allocation, SimulatedNode
-from gpu_exporter.simulator.scenario import Scenario, load_scenario, loads_scenario, parse_scenario
+from gpu_exporter.simulator.scenario import Scenario
 
 __all__ = [
     "Allocation",

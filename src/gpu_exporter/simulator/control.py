@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from gpu_exporter.simulator.errors import ScenarioError
-from gpu_exporter.simulator.scenario import load_yaml
+from gpu_exporter.simulator.loader import load_yaml
 
 if TYPE_CHECKING:
     from gpu_exporter.simulator.node import SimulatedNode

@@ -25,6 +25,7 @@ from gpu_exporter.simulator.scenario import (
     RECOVERY_ACTIONS,
     THROTTLE_REASONS,
     WORKLOAD_KEYS,
+    EventSpec,
     GpuSpec,
     build_allocation,
     build_workload,
@@ -397,3 +398,45 @@ EVENT_TYPES: Mapping[str, EventType] = {
         {"function", "gpu", "error", "state", "every", "times"}, {"function"}, _nvml_error
     ),
 }
+
+
+# --------------------------------------------------------------------------- parsing events
+
+
+def parse_event(raw: Any, path: str, gpus: Sequence[GpuSpec], *, timed: bool) -> EventSpec:
+    """Validate one event; ``timed`` events (timeline entries) need ``at`` and may ``repeat``."""
+    base = s.mapping(raw, path, set(raw) if isinstance(raw, Mapping) else set(), {"type"})
+    kind = s.choice(base["type"], s.key(path, "type"), EVENT_TYPES)
+    handler = EVENT_TYPES[kind]
+    extra = {"at", "repeat"} if timed else set()
+    body = s.mapping(base, path, {"type", *handler.keys, *extra}, {*handler.required})
+    at = repeat = None
+    if timed:
+        if "at" not in body:
+            raise Invalid(s.key(path, "at"), "required key is missing")
+        at = parse_duration(body["at"], s.key(path, "at"))
+        repeat = _repeat(body["repeat"], s.key(path, "repeat")) if "repeat" in body else None
+    params = handler.validate(body, path, gpus)
+    raw_copy = {k: v for k, v in body.items() if k not in extra}
+    return EventSpec(kind, params, raw_copy, at, repeat)
+
+
+def _repeat(raw: Any, path: str) -> float:
+    if isinstance(raw, str) and raw.strip().startswith("every "):
+        raw = raw.strip()[len("every ") :]
+    period = parse_duration(raw, path)
+    if period <= 0:
+        raise Invalid(path, "repeat period must be greater than zero")
+    return period
+
+
+def parse_events(data: Any, source: str, gpus: Sequence[GpuSpec]) -> list[EventSpec]:
+    """Untimed events to inject: one mapping or a list of them."""
+    items = data if isinstance(data, list) else [data]
+    try:
+        if not items:
+            raise Invalid("", "no events given")
+        paths = [s.item("", i) if isinstance(data, list) else "" for i in range(len(items))]
+        return [parse_event(raw, p, gpus, timed=False) for raw, p in zip(items, paths, strict=True)]
+    except Invalid as exc:
+        raise exc.at(source) from None

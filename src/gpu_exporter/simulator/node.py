@@ -14,8 +14,6 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import pynvml
-
 from gpu_exporter.simulator.devices import (
     MPS_SERVER_BYTES,
     Device,
@@ -24,6 +22,7 @@ from gpu_exporter.simulator.devices import (
     Workload,
 )
 from gpu_exporter.simulator.drivers import field_layout
+from gpu_exporter.simulator.events import parse_events
 from gpu_exporter.simulator.kmsg import (
     PROCESS_XIDS,
     XID_TEXT,
@@ -33,19 +32,23 @@ from gpu_exporter.simulator.kmsg import (
     xid_message,
 )
 from gpu_exporter.simulator.link_events import LinkEvents
+from gpu_exporter.simulator.nvml_records import (
+    DOUBLE_BIT_ECC_EVENT,
+    NO_INSTANCE,
+    SINGLE_BIT_ECC_EVENT,
+    XID_EVENT,
+    EventSet,
+    GpmSample,
+    QueuedEvent,
+)
 from gpu_exporter.simulator.scenario import (
     RECOVERY_ACTIONS,
     AllocationSpec,
     EventSpec,
     Scenario,
     WorkloadSpec,
-    parse_events,
 )
 
-NO_INSTANCE = 0xFFFFFFFF
-XID_EVENT = 0x8
-SINGLE_BIT_ECC_EVENT = 0x1
-DOUBLE_BIT_ECC_EVENT = 0x2
 FIRST_PID = 210001
 
 
@@ -94,41 +97,6 @@ class Failure:
     @property
     def spent(self) -> bool:
         return self.times == 0
-
-
-@dataclass(frozen=True)
-class QueuedEvent:
-    device: GpuDevice | None
-    event_type: int
-    data: int
-    gpu_instance_id: int = NO_INSTANCE
-    compute_instance_id: int = NO_INSTANCE
-    lost: bool = False
-
-
-class EventSet:
-    """An NVML event set: registrations per GPU and a queue that wakes waiting threads."""
-
-    def __init__(self) -> None:
-        self.handle = pynvml.struct_c_nvmlEventSet_t()
-        self.condition = threading.Condition()
-        self.queue: deque[QueuedEvent] = deque()
-        self.masks: dict[int, int] = {}
-        self.freed = False
-
-    def push(self, event: QueuedEvent) -> None:
-        with self.condition:
-            self.queue.append(event)
-            self.condition.notify_all()
-
-
-@dataclass(frozen=True)
-class GpmSample:
-    """What a GPM sample recorded: the device, the time and the activity integrals."""
-
-    device: Device
-    t: float
-    integrals: Mapping[str, float]
 
 
 class SimulatedNode(LinkEvents):

@@ -10,14 +10,6 @@ import pynvml
 
 from gpu_exporter.simulator.devices import Device, GpuDevice
 from gpu_exporter.simulator.errors import NvmlFailure
-from gpu_exporter.simulator.node import (
-    DOUBLE_BIT_ECC_EVENT,
-    SINGLE_BIT_ECC_EVENT,
-    XID_EVENT,
-    EventSet,
-    GpmSample,
-    QueuedEvent,
-)
 from gpu_exporter.simulator.nvml_base import (
     ARGUMENT_VERSION_MISMATCH,
     GPU_IS_LOST,
@@ -30,6 +22,14 @@ from gpu_exporter.simulator.nvml_base import (
     out,
     point,
     val,
+)
+from gpu_exporter.simulator.nvml_records import (
+    DOUBLE_BIT_ECC_EVENT,
+    SINGLE_BIT_ECC_EVENT,
+    XID_EVENT,
+    EventSet,
+    GpmSample,
+    QueuedEvent,
 )
 
 # GPM metric id -> the activity integral it reports (percent of the interval).

@@ -17,7 +17,7 @@ from typing import Any
 
 from gpu_exporter.simulator.devices import Activity, MigDevice, Workload
 from gpu_exporter.simulator.errors import NvmlFailure
-from gpu_exporter.simulator.node import NO_INSTANCE
+from gpu_exporter.simulator.nvml_records import NO_INSTANCE
 from gpu_exporter.simulator.nvml_base import (
     INSUFFICIENT_SIZE,
     INVALID_ARGUMENT,

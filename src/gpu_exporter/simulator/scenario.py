@@ -7,18 +7,13 @@ message is one line, ``<file>: <key.path[2].sub>: <reason>``.
 
 from __future__ import annotations
 
-import dataclasses
-import pathlib
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from importlib import resources
 from typing import Any
 
-import yaml
-
 from gpu_exporter.simulator import schema as s
-from gpu_exporter.simulator.errors import Invalid, ScenarioError
+from gpu_exporter.simulator.errors import Invalid
 from gpu_exporter.simulator.models import MIG_SLICES, GpuModel, MigProfile, load_models
 from gpu_exporter.simulator.patterns import IDLE, Pattern
 from gpu_exporter.simulator.units import parse_bytes, parse_duration
@@ -147,49 +142,12 @@ class Scenario:
     timeline: tuple[EventSpec, ...] = field(default=())
 
 
-# --------------------------------------------------------------------------- loading
+# --------------------------------------------------------------------------- the parts
 
 
-def load_scenario(path: pathlib.Path | None) -> Scenario:
-    """Read and validate a scenario file; ``None`` gives the built-in scenario."""
-    if path is None:
-        data = resources.files("gpu_exporter.simulator").joinpath("data/builtin.yaml")
-        return loads_scenario(data.read_text(), BUILTIN_SOURCE)
-    try:
-        content = pathlib.Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ScenarioError(str(path), "(file)", exc.strerror or str(exc)) from None
-    return loads_scenario(content, str(path))
-
-
-def loads_scenario(content: str, source: str = "<string>") -> Scenario:
-    """Parse scenario YAML text; ``source`` names it in error messages."""
-    return parse_scenario(load_yaml(content, source), source)
-
-
-def load_yaml(content: str, source: str) -> Any:
-    try:
-        return yaml.safe_load(content)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or type(exc).__name__
-        raise ScenarioError(source, "(yaml)", f"{problem}{where}") from None
-    except ValueError as exc:  # PyYAML's int() on a number of 4300+ digits
-        raise ScenarioError(source, "(yaml)", f"unreadable value: {exc}") from None
-    except RecursionError:  # PyYAML composes nested collections recursively
-        raise ScenarioError(source, "(yaml)", "collections nested too deeply") from None
-
-
-def parse_scenario(data: Any, source: str = "<string>") -> Scenario:
-    """Validate an already-parsed scenario mapping."""
-    try:
-        return dataclasses.replace(_scenario(data), source=source)
-    except Invalid as exc:
-        raise exc.at(source) from None
-
-
-def _scenario(data: Any) -> Scenario:
+def parse_parts(data: Any) -> tuple[Mapping[str, Any], Scenario]:
+    """The scenario's mapping and everything in it but the timeline, which ``loader.py`` adds
+    (its events are validated by ``events.py``, which needs these specs)."""
     if data is None:
         data = {}
     top = s.mapping(data, "", {"node", "gpus", "workloads", "allocations", "timeline"}, {"gpus"})
@@ -204,11 +162,7 @@ def _scenario(data: Any) -> Scenario:
         _allocation(raw, s.item("allocations", i), gpus)
         for i, raw in enumerate(s.sequence(top.get("allocations"), "allocations"))
     )
-    timeline = tuple(
-        parse_event(raw, s.item("timeline", i), gpus, timed=True)
-        for i, raw in enumerate(s.sequence(top.get("timeline"), "timeline"))
-    )
-    return Scenario("", node, gpus, workloads, allocations, timeline)
+    return top, Scenario("", node, gpus, workloads, allocations)
 
 
 # --------------------------------------------------------------------------- node and GPUs
@@ -475,47 +429,3 @@ def build_allocation(
 
 def _claim(a: Mapping[str, Any], path: str, key: str) -> str | None:
     return s.text(a[key], s.key(path, key), _CLAIM_NAME) if key in a else None
-
-
-# --------------------------------------------------------------------------- events
-
-
-def parse_event(raw: Any, path: str, gpus: Sequence[GpuSpec], *, timed: bool) -> EventSpec:
-    """Validate one event; ``timed`` events (timeline entries) need ``at`` and may ``repeat``."""
-    from gpu_exporter.simulator.events import EVENT_TYPES  # events imports this module
-
-    base = s.mapping(raw, path, set(raw) if isinstance(raw, Mapping) else set(), {"type"})
-    kind = s.choice(base["type"], s.key(path, "type"), EVENT_TYPES)
-    handler = EVENT_TYPES[kind]
-    extra = {"at", "repeat"} if timed else set()
-    body = s.mapping(base, path, {"type", *handler.keys, *extra}, {*handler.required})
-    at = repeat = None
-    if timed:
-        if "at" not in body:
-            raise Invalid(s.key(path, "at"), "required key is missing")
-        at = parse_duration(body["at"], s.key(path, "at"))
-        repeat = _repeat(body["repeat"], s.key(path, "repeat")) if "repeat" in body else None
-    params = handler.validate(body, path, gpus)
-    raw_copy = {k: v for k, v in body.items() if k not in extra}
-    return EventSpec(kind, params, raw_copy, at, repeat)
-
-
-def _repeat(raw: Any, path: str) -> float:
-    if isinstance(raw, str) and raw.strip().startswith("every "):
-        raw = raw.strip()[len("every ") :]
-    period = parse_duration(raw, path)
-    if period <= 0:
-        raise Invalid(path, "repeat period must be greater than zero")
-    return period
-
-
-def parse_events(data: Any, source: str, gpus: Sequence[GpuSpec]) -> list[EventSpec]:
-    """Untimed events to inject: one mapping or a list of them."""
-    items = data if isinstance(data, list) else [data]
-    try:
-        if not items:
-            raise Invalid("", "no events given")
-        paths = [s.item("", i) if isinstance(data, list) else "" for i in range(len(items))]
-        return [parse_event(raw, p, gpus, timed=False) for raw, p in zip(items, paths, strict=True)]
-    except Invalid as exc:
-        raise exc.at(source) from None
