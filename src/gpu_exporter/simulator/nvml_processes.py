@@ -17,7 +17,6 @@ from typing import Any
 
 from gpu_exporter.simulator.devices import Activity, MigDevice, Workload
 from gpu_exporter.simulator.errors import NvmlFailure
-from gpu_exporter.simulator.nvml_records import NO_INSTANCE
 from gpu_exporter.simulator.nvml_base import (
     INSUFFICIENT_SIZE,
     INVALID_ARGUMENT,
@@ -29,6 +28,7 @@ from gpu_exporter.simulator.nvml_base import (
     val,
     write_text,
 )
+from gpu_exporter.simulator.nvml_records import NO_INSTANCE
 from gpu_exporter.simulator.patterns import integrate
 
 PROCESS_SAMPLE_PERIOD_S = 1.0
