@@ -124,6 +124,7 @@ def mig(handle: Any) -> dict[str, str]:
     result["max_mig_device_count"] = status if count is None else str(count)
     status, rows = answer(pynvml.nvmlDeviceGetRemappedRows, handle)
     result["remapped_rows"] = status if rows is None else str(rows)
+    result["gpu_instance_profiles"] = _profiles(handle)
     if mode is None or not mode[0]:
         return result
     for slot in range(int(count or 0)):
@@ -132,6 +133,30 @@ def mig(handle: Any) -> dict[str, str]:
             continue
         result[f"mig{slot}"] = _mig_instance(handle, mig_handle)
     return result
+
+
+def _profiles(handle: Any) -> str:
+    """Every GPU-instance profile id's answer (nvml.h: NotSupported while MIG is off), with the
+    catalog's memory for the model (data/mig_profiles.tsv rows marked estimate) beside it."""
+    from gpu_exporter.migprofiles import catalog_table, profile_name
+
+    model = _text(pynvml.nvmlDeviceGetName(handle))
+    table = catalog_table(model)
+    catalog = {p.name: p.memory_mib for p in table.profiles} if table else {}
+    answers: list[str] = []
+    refused: dict[str, list[int]] = {}
+    for profile_id in range(pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
+        status, info = answer(pynvml.nvmlDeviceGetGpuInstanceProfileInfo, handle, profile_id)
+        if info is None:
+            refused.setdefault(status, []).append(profile_id)
+            continue
+        name = profile_name(info)
+        answers.append(
+            f"{profile_id}: {name} {info.sliceCount} slices {info.memorySizeMB} MiB "
+            f"(catalog {catalog.get(name, 'absent')})"
+        )
+    answers += [f"ids {ids}: {status}" for status, ids in refused.items()]
+    return "; ".join(answers)
 
 
 def _mig_instance(parent: Any, handle: Any) -> str:
