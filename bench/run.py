@@ -49,6 +49,7 @@ from harness import (
     wait_ready,
 )
 from loadgen import percentile, pick_generator, run_load
+from peer import PEER_FULL, PEER_QUICK, compare, peer_goals, peer_table
 
 SHAPES = {
     "gpu8": ("8x H100", BENCH / "scenarios" / "gpu8.yaml"),
@@ -84,7 +85,7 @@ QUICK = Profile(
 )
 PAUSED_FLAGS = ("--fast-interval=1h", "--slow-interval=1h")
 EXTRA_ARGS: list[str] = []  # --exporter-args, appended to every exporter command line
-PARTS = ("sampler", "ready", "cpu", "xid", "latency")
+PARTS = ("sampler", "ready", "cpu", "xid", "latency", "peer")
 
 
 def exporter_args(scenario: Path, work: Path) -> list[str]:
@@ -571,6 +572,10 @@ def print_report(report: dict[str, Any]) -> None:
                 f"max {rd['seconds_max']:.2f} s "
                 f"(n={rd['runs']})"
             )
+    if report.get("peer"):
+        peer = report["peer"]
+        print(f"\nAgainst nvitop-exporter {peer['peer_version']} on {peer['scenario']}")
+        print(peer_table(peer), end="")
     print("\nGoals")
     for g in report["goals"]:
         status = {True: "met", False: "MISSED", None: "n/a"}[g["met"]]
@@ -647,6 +652,13 @@ def markdown(report: dict[str, Any]) -> str:
             )
         out.extend(f"- {row}" for row in rows)
         out.append("")
+    if report.get("peer"):
+        peer = report["peer"]
+        out.append(
+            f"### Against nvitop-exporter {peer['peer_version']} on the same node "
+            f"({peer['scenario']})\n"
+        )
+        out.append(peer_table(peer))
     out.append("| goal | measured | limit | |")
     out.append("|---|---|---|---|")
     for g in report.get("goals", []):
@@ -686,6 +698,12 @@ def main(argv: list[str] | None = None) -> int:
         "--exporter-args",
         default="",
         help="extra flags for every exporter process; use '=': --exporter-args='--no-kmsg'",
+    )
+    parser.add_argument(
+        "--peer-shape",
+        default="gpu8",
+        choices=list(SHAPES),
+        help="node shape of the nvitop-exporter comparison",
     )
     parser.add_argument("--out", type=Path, default=BENCH / "results" / "latest.json")
     parser.add_argument(
@@ -731,7 +749,11 @@ def main(argv: list[str] | None = None) -> int:
             data["sampler"] = bench_sampler(shape, profile.sampler_rounds)
         data.update(bench_shape(shape, profile, generator, args.no_baselines, frozenset(skip)))
         report["shapes"][shape] = data
-    report["goals"] = goals(report["shapes"])
+    if "peer" not in skip:
+        log(f"peer: gpu-exporter and nvitop-exporter on {args.peer_shape}, taking turns")
+        peer_profile = PEER_QUICK if args.quick else PEER_FULL
+        report["peer"] = compare(SHAPES[args.peer_shape][1], peer_profile)
+    report["goals"] = goals(report["shapes"]) + peer_goals(report.get("peer"))
     report["elapsed_seconds"] = round(time.monotonic() - started, 1)
     print_report(report)
     harness.write_json(args.out, report)

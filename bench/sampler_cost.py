@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from simmeter import SimMeter
+
 from gpu_exporter.collectors import Cadence, collector_names
 from gpu_exporter.config import Config
 from gpu_exporter.nvml import WorkerPool
@@ -33,35 +35,6 @@ class ManualClock:
 
     def __call__(self) -> float:
         return self.now
-
-
-class SimMeter:
-    """Wraps the fake library's entry points to count the CPU time spent inside the simulator."""
-
-    def __init__(self, library: Any) -> None:
-        self._lock = threading.Lock()
-        self.ns = 0
-        self.calls = 0
-        for name in list(vars(library)):
-            if name.startswith("nvml") and callable(getattr(library, name)):
-                setattr(library, name, self._wrap(getattr(library, name)))
-
-    def _wrap(self, fn: Any) -> Any:
-        clock = time.thread_time_ns
-        meter = self
-
-        def metered(*args: Any) -> Any:
-            start = clock()
-            try:
-                return fn(*args)
-            finally:
-                spent = clock() - start
-                with meter._lock:
-                    meter.ns += spent
-                    meter.calls += 1
-
-        metered.__name__ = fn.__name__
-        return metered
 
 
 def _overhead_ns_per_call(samples: int = 20000) -> float:
