@@ -5,7 +5,8 @@ runs, except that the fake ``libnvidia-ml`` installed under ``--simulate`` has e
 points wrapped to add the thread CPU time spent inside the simulator to a counter (see
 ``simmeter.SimMeter``; about 1 us per NVML call). On SIGUSR1 the process writes
 ``{"seq", "sim_cpu_ns", "sim_calls"}`` to the file named by ``BENCH_SIM_METER``, so the harness can
-subtract the simulator's share from the process's /proc CPU time.
+subtract the simulator's share from the process's /proc CPU time. The simulated kubelet's own work
+(its answers, its /proc and pod-log trees) is metered as simulator too (``simmeter.meter_kubelet``).
 """
 
 from __future__ import annotations
@@ -15,12 +16,26 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from simmeter import install_dump, metered_install
+from typing import Any
 
+from simmeter import install_dump, meter_kubelet, metered_install
+
+import gpu_exporter.app as app
 import gpu_exporter.simulator as simulator
 from gpu_exporter.cli import main
 
+
+def _metered_kubelet(original: Any) -> Any:
+    def build(simulation: Any) -> Any:
+        kubelet = original(simulation)
+        meter_kubelet(kubelet)
+        return kubelet
+
+    return build
+
+
 if __name__ == "__main__":
     simulator.install = metered_install(simulator.install)  # app imports it at call time
+    app._simulated_kubelet = _metered_kubelet(app._simulated_kubelet)
     install_dump()
     main()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import threading
 import time
 from typing import Any
@@ -49,7 +50,53 @@ class SimMeter:
         return metered
 
 
+class CpuMeter:
+    """Thread CPU time spent in chosen Python functions (the simulated kubelet's), no call count."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.ns = 0
+
+    def wrap(self, owner: Any, name: str) -> None:
+        fn = getattr(owner, name, None)
+        if fn is None:
+            return
+        clock = time.thread_time_ns
+        meter = self
+
+        def metered(*args: Any, **kwargs: Any) -> Any:
+            start = clock()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent = clock() - start
+                with meter._lock:
+                    meter.ns += spent
+
+        metered.__name__ = fn.__name__
+        setattr(owner, name, metered)
+
+
 METERS: list[SimMeter] = []
+KUBELET = CpuMeter()
+
+
+def meter_kubelet(kubelet: Any) -> None:
+    """Meter the simulated kubelet's own work as simulator: building its answers, its process
+    and pod-log (and CDI) trees. gRPC's own machinery around the answers stays unmetered."""
+    if kubelet is None:
+        return
+    server = sys.modules["gpu_exporter.allocation.server"]
+    for name in ("list_response", "allocatable_response"):
+        KUBELET.wrap(server, name)
+    KUBELET.wrap(kubelet, "_processes")
+    served = getattr(kubelet, "_server", None)  # its server holds the state() it was built with
+    if served is not None:
+        KUBELET.wrap(served, "_provider")
+    for attribute in ("_tree", "_cdi"):
+        tree = getattr(kubelet, attribute, None)
+        if tree is not None:
+            KUBELET.wrap(tree, "sync")
 
 
 def metered_install(original: Any) -> Any:
@@ -97,7 +144,8 @@ def install_dump() -> None:
             return
         data = {
             "seq": seq,
-            "sim_cpu_ns": sum(m.ns for m in METERS),
+            "sim_cpu_ns": sum(m.ns for m in METERS) + KUBELET.ns,
+            "kubelet_cpu_ns": KUBELET.ns,
             "sim_calls": sum(m.calls for m in METERS),
             "threads": thread_cpu(),
         }

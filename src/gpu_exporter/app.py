@@ -140,7 +140,8 @@ def build_exporter(config: Config) -> Exporter:
         config = _simulated_paths(config, simulation)
     sampler = Sampler(config, pool)
     sampler.add_source(ExpectedGpus(config.sysfs_path, lambda: _visible_gpus(sampler)))
-    kubelet = _simulated_kubelet(simulation)
+    # The simulated kubelet serves the allocation subsystem alone: without it, nothing to play.
+    kubelet = _simulated_kubelet(simulation) if config.allocation else None
     allocation = _build_allocation(config, sampler, pool, kubelet) if config.allocation else None
     if allocation is not None:
         sampler.add_source(allocation)

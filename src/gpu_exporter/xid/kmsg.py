@@ -44,6 +44,7 @@ from .syslog import (
     SyslogBuffer,
     overlap,
 )
+from .wakeup import FileWatch, Poke
 
 __all__ = [
     "MAX_OVERLAP_CANDIDATES",
@@ -65,6 +66,9 @@ RETRY_DENIED_S = 5.0
 DEVICE_PATH = Path("/dev/kmsg")
 SYSLOG_PATH = Path("syslog:")  # --kmsg-path syslog: read through syslog(2) only
 SYSLOG_POLL_S = 0.25
+# A regular file watched with inotify is still checked this often (a change inotify cannot
+# report, e.g. the file replaced on another mount), instead of every poll interval.
+WATCHED_FILE_CHECK_S = 1.0
 FALLBACK_ERRNOS = frozenset({errno.EPERM, errno.EACCES, errno.ENOENT})
 
 
@@ -141,6 +145,7 @@ class KmsgReader:
         self._on_file = on_file
         self._on_oversized = on_oversized
         self._wake = threading.Event()  # a syslog(2) poll now (stop, or a drain asked for)
+        self._poke = Poke()  # the same for a file or FIFO waited on in select
         self.mechanism: str | None = None  # "device", "fifo", "file" or "syslog" once read
 
     @property
@@ -157,6 +162,7 @@ class KmsgReader:
         """Blocking: call off the event loop."""
         self._stop.set()
         self._wake.set()
+        self._poke.poke()
         with self._drained:
             self._drained.notify_all()
         if self._thread is not None:
@@ -177,6 +183,7 @@ class KmsgReader:
                 if remaining <= 0:
                     return False
                 self._wake.set()  # syslog(2) is polled: read now rather than at the next poll
+                self._poke.poke()  # so is a FIFO; a watched file waits for a change
                 self._drained.wait(remaining)
         return True
 
@@ -220,6 +227,16 @@ class KmsgReader:
                 self._follow_stream(fd, regular=stat.S_ISREG(mode))
         finally:
             os.close(fd)
+
+    def _waiter(self, fd: int, regular: bool) -> tuple[list[int], float, FileWatch | None]:
+        """What ``select`` waits on between reads of a file or FIFO, and for how long at most."""
+        poke = self._poke.open()
+        if self._stop.is_set():
+            self._poke.poke()  # stop() came before the pipe existed
+        watch = FileWatch.open(fd) if regular else None
+        if watch is None:
+            return [poke], self._poll, None
+        return [poke, watch.fd], max(self._poll, WATCHED_FILE_CHECK_S), watch
 
     def _opened(self, mechanism: str, why: OSError | None = None) -> None:
         self._on_up(True)
@@ -309,6 +326,15 @@ class KmsgReader:
                 select.select([fd], [], [], self._poll)
 
     def _follow_stream(self, fd: int, *, regular: bool) -> None:
+        waits, timeout, watch = self._waiter(fd, regular)
+        try:
+            self._follow_lines(fd, regular, waits, timeout)
+        finally:
+            self._poke.close()
+            if watch is not None:
+                watch.close()
+
+    def _follow_lines(self, fd: int, regular: bool, waits: list[int], timeout: float) -> None:
         lines = LineSplitter(self._oversized)
         info = os.fstat(fd)
         file_key = f"{info.st_dev}:{info.st_ino}" if regular else None
@@ -345,7 +371,9 @@ class KmsgReader:
                     path=str(self._path),
                 )
                 return
-            self._stop.wait(self._poll)
+            ready, _, _ = select.select(waits, [], [], timeout)
+            for ready_fd in ready:
+                Poke.clear(ready_fd)  # a poke, or inotify's queued events: read them all
 
     def _oversized(self, length: int) -> None:
         self._on_oversized()
