@@ -94,8 +94,10 @@ class GpmSource(ActivitySource):
         self._clock = context.clock
         self._buffers: list[Any] = []
         self._previous: tuple[Any, float] | None = None
-        # Metric ids asked: pipes that answer NotSupported are not asked again.
-        self._metric_ids: tuple[int, ...] = (*_GPM_METRICS, *EXTRA_GPM_METRICS)
+        # Metric ids asked: pipes that answer NotSupported are not asked again. MIG instances
+        # get no pipes: 10 series per instance would double a MIG node's series (56 instances).
+        extra = () if device.id.is_mig else EXTRA_GPM_METRICS
+        self._metric_ids: tuple[int, ...] = (*_GPM_METRICS, *extra)
 
     def read(self, calls: DeviceCalls) -> ActivityReading | None:
         if not self._buffers:

@@ -21,7 +21,7 @@ from ..exposition import counter, gauge, label_string
 from ..nvml import DeviceCalls
 from ..nvml.calls import FieldKey
 from .base import Cadence, Collector, CollectorContext, SampleWriter
-from .counters import fields_of
+from .counters import CounterField, fields_of
 from .pcie import PcieCounters
 
 LINK_ACTIVE = gauge(
@@ -86,6 +86,7 @@ class InterconnectCollector(Collector):
         self._fields.want((LINK_COUNT_FIELD,))
         self._fields.want(f.field_id for f in self._errors if not f.per_link)
         self._links: int | None = None
+        self._first_errors = True
         self._labels: dict[tuple[str, int | None], str] = {}
         self._pcie = PcieCounters(self._fields)
 
@@ -113,12 +114,15 @@ class InterconnectCollector(Collector):
     def _emit_errors(self, out: SampleWriter, values: Mapping[FieldKey, float]) -> None:
         assert self._links is not None
         seen: set[str] = set()
+        answered: list[CounterField] = []
         for row in self._errors:
             if row.type in seen or (self._per_link and not row.per_link):
                 continue  # per-link DL counters come from the nvlink_state collector
+            answered.append(row)
             if row.per_link:
                 per_link = self._per_link_values(values, row.field_id)
                 if not per_link:
+                    answered.pop()
                     continue
                 seen.add(row.type)
                 if self._per_link:
@@ -129,6 +133,13 @@ class InterconnectCollector(Collector):
             elif (total := values.get(row.field_id)) is not None:
                 seen.add(row.type)
                 out.add(ERRORS, total, self._label(row.type, None))
+            else:
+                answered.pop()
+        # The rows that answered on the first read are the device's set (legacy DL totals or
+        # NVLink5 counters): later rounds do not look for the other set's 90 per-link values.
+        if seen and self._first_errors:
+            self._errors = tuple(answered)
+            self._first_errors = False
 
     def _emit_traffic(self, out: SampleWriter, values: Mapping[FieldKey, float]) -> None:
         for family, field_id in ((TRANSMIT, TX_FIELD), (RECEIVE, RX_FIELD)):

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ctypes
+import struct
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import cache
 from typing import Any, NamedTuple, TypeVar
 
@@ -174,12 +176,9 @@ class DeviceCalls:
         scoped = [key if isinstance(key, tuple) else (key, 0) for key in wanted]
         values = self.get(pynvml.nvmlDeviceGetFieldValues, handle, scoped, signal="field_values")
         result: dict[FieldKey, FieldValue] = {}
-        for key, value in zip(wanted, values or (), strict=False):  # in request order
-            code = value.nvmlReturn
+        for key, (code, number, kind, stamp) in zip(wanted, _decode(values), strict=False):
             if code == pynvml.NVML_SUCCESS:
-                kind = value.valueType
-                number = getattr(value.value, _VALUE_MEMBERS.get(kind, "ullVal"))
-                result[key] = FieldValue(float(number), kind, value.timestamp)
+                result[key] = FieldValue(number, kind, stamp)
             elif code in _FIELD_UNSUPPORTED:
                 self._mark_unsupported(field_signal(key), pynvml.NVMLError(code))
             elif code != pynvml.NVML_ERROR_NOT_FOUND:
@@ -234,6 +233,35 @@ def field_signal(key: FieldKey) -> str:
     """The NotSupported memory's name for a field: ``field94``. A scoped field (per link) is one
     signal for all its scopes: a device without NVLink5 counters lacks them on every link."""
     return f"field{key[0] if isinstance(key, tuple) else key}"
+
+
+# c_nvmlFieldValue_t as bytes: fieldId, scopeId, timestamp, latencyUsec, valueType, nvmlReturn,
+# the 8-byte value union. Unpacking the array's bytes at once costs a fraction of reading each
+# struct member through ctypes (docs/performance.md); the layout is checked against ctypes first.
+_FIELD_LAYOUT = struct.Struct("=IIqqII8s")
+# nvmlValueType_t -> the union member's format, read from the start of the 8 bytes.
+_VALUE_FORMATS = {
+    0: struct.Struct("=d"),
+    1: struct.Struct("=I"),
+    2: struct.Struct("=Q"),
+    3: struct.Struct("=Q"),
+    4: struct.Struct("=q"),
+    5: struct.Struct("=i"),
+    6: struct.Struct("=H"),
+}
+
+
+def _decode(values: Any) -> Iterator[tuple[int, float, int, int]]:
+    """(nvmlReturn, number, valueType, timestamp) of each filled c_nvmlFieldValue_t."""
+    if not values:
+        return
+    if ctypes.sizeof(pynvml.c_nvmlFieldValue_t) != _FIELD_LAYOUT.size:
+        for value in values:  # a pynvml whose struct differs: read it member by member
+            yield int(value.nvmlReturn), _field_number(value), int(value.valueType), value.timestamp
+        return
+    for _, _, stamp, _, kind, code, raw in _FIELD_LAYOUT.iter_unpack(bytes(values)):
+        number = _VALUE_FORMATS.get(kind, _VALUE_FORMATS[3]).unpack_from(raw)[0]
+        yield code, float(number), kind, stamp
 
 
 def _field_number(value: Any) -> float:
