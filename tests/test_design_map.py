@@ -1,0 +1,87 @@
+"""docs/design.md's package map is the code's: every module is listed, and no room imports a
+room its row does not name (imports under TYPE_CHECKING aside). A new module or a new import
+between rooms is a change to the map in the same commit."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "src" / "gpu_exporter"
+DESIGN = (ROOT / "docs" / "design.md").read_text()
+MAP = DESIGN.split("## Package map", 1)[1].split("\n## ", 1)[0]
+TABLE = dict(
+    (room, set(re.findall(r"`([a-z_]+)`", allowed)))
+    for room, allowed in re.findall(r"^\| `([a-z_]+)` \| [^|]+ \|([^|]*)\|$", MAP, re.M)
+)
+MODULES = sorted(p for p in PACKAGE.rglob("*.py") if "_pb2" not in p.name)
+
+
+def room_of(module: str) -> str:
+    """``gpu_exporter.xid.core`` -> ``xid``."""
+    return module.split(".")[1]
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_rooms(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    skipped: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skipped.update(id(sub) for sub in ast.walk(node))
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    rooms = set()
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                module = ".".join([*base, *([node.module] if node.module else [])])
+                targets = [module] + [f"{module}.{a.name}" for a in node.names]
+            else:
+                targets = [node.module or ""]
+        rooms.update(room_of(t) for t in targets if t.startswith("gpu_exporter.") and t.count("."))
+    return {room for room in rooms if not room.startswith("__")}  # the package top: __version__
+
+
+def test_every_room_imports_only_what_its_row_names() -> None:
+    problems = []
+    for path in MODULES:
+        name = module_name(path)
+        if name.count(".") == 0 or name == "gpu_exporter.__main__":
+            continue  # the package top and python -m
+        room = room_of(name)
+        assert room in TABLE, f"{name}: its room {room!r} has no row in docs/design.md's map"
+        extra = imported_rooms(path) - TABLE[room] - {room}
+        if extra:
+            problems.append(f"{name} imports {', '.join(sorted(extra))}")
+    assert not problems, "imports the package map does not allow: " + "; ".join(problems)
+
+
+def test_every_module_is_in_the_map() -> None:
+    section = MAP.split("Modules, room by room:", 1)[1]
+    bullets = re.split(r"\n(?=- )", section)
+    missing = []
+    for path in MODULES:
+        relative = path.relative_to(PACKAGE).as_posix()
+        if path.name == "__init__.py" and "/" in relative:
+            continue  # a package: its room's bullet and docstring speak for it
+        room = relative.split("/", 1)[0] if "/" in relative else None
+        if f"`{relative}`" in section:
+            continue
+        mine = [b for b in bullets if room is not None and f"`{room}/" in b]
+        if any(f"`{path.name}`" in b or f"`{relative.split('/', 1)[1]}`" in b for b in mine):
+            continue
+        missing.append(relative)
+    assert not missing, f"modules docs/design.md's package map does not list: {missing}"
