@@ -187,7 +187,7 @@ def _start_simulation(config: Config) -> tuple[Any, Iterable[web.RouteDef]]:
     scenario = load_scenario(config.simulator.scenario)
     node = SimulatedNode(scenario)
     install(node)
-    return node, make_routes(node)
+    return node, make_routes(node, remote=config.simulate_remote_events)
 
 
 def _visible_gpus(sampler: Sampler) -> int | None:

@@ -66,6 +66,13 @@ class Config:
         group="serving",
         help="run on the simulator instead of NVML; without a file, the built-in 8x H100 node",
     )
+    simulate_remote_events: bool = setting(
+        "--simulate.remote-events",
+        False,
+        group="serving",
+        help="under --simulate, accept POST /-/simulator/events from any address, not only "
+        "from loopback",
+    )
     fast_interval: float = setting(
         "--fast-interval",
         1.0,

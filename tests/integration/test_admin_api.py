@@ -97,10 +97,14 @@ async def test_an_operator_clears_a_drain_the_exporter_could_not_see_repaired(
         ('{"uuid": "MIG-1"}', "application/json", 400, "uuid"),
         ('{"uuid": "GPU-1", "reason": "bored"}', "application/json", 400, "reason"),
         ('{"uuid": "GPU-1", "gpu": 1}', "application/json", 400, "unknown key 'gpu'"),
+        # Each of these was a 500 with a traceback.
+        ('{"uuid": "GPU-1"}', "application/json; charset=bogus", 400, "unsupported charset"),
+        (b'{"uuid": "GPU-\xff"}', "application/json", 400, "not UTF-8 text"),
+        ("[" * 30_000 + "]" * 30_000, "application/json", 400, "nested too deeply"),
     ],
 )
 async def test_a_bad_request_is_refused_with_what_is_wrong(
-    tmp_path: Path, body: str, content_type: str, status: int, says: str
+    tmp_path: Path, body: str | bytes, content_type: str, status: int, says: str
 ) -> None:
     async with (
         running_exporter(simulated(tmp_path, web_enable_admin_api=True)) as exporter,

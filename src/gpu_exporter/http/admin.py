@@ -19,7 +19,9 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from ..logs import get_logger
+from ..safeyaml import quote
 from ..xid.state import REASONS
+from .bodies import BadBody, parse_json, read_text
 from .webguard import basic_auth_user
 
 DRAIN_CLEAR_PATH = "/-/drain/clear"
@@ -65,9 +67,9 @@ def admin_routes(xid: DrainClearer, *, credentials_checked: bool) -> list[web.Ro
 
 async def _json(request: web.Request) -> Any:
     try:
-        return await request.json()
-    except ValueError as exc:  # json.JSONDecodeError, or a body that is not UTF-8
-        raise BadRequest(f"body is not JSON: {exc}") from None
+        return parse_json(await read_text(request))
+    except BadBody as exc:  # a bogus charset, invalid UTF-8, not JSON, nested too deeply
+        raise BadRequest(str(exc)) from None
 
 
 def _parse_clear(body: Any) -> tuple[str, list[str] | None]:
@@ -76,7 +78,7 @@ def _parse_clear(body: Any) -> tuple[str, list[str] | None]:
         raise BadRequest('body must be an object: {"uuid": "GPU-...", "reason": "..."}')
     unknown = sorted(set(body) - {"uuid", "reason"})
     if unknown:
-        raise BadRequest(f"unknown key {unknown[0]!r} (allowed: uuid, reason)")
+        raise BadRequest(f"unknown key {quote(unknown[0])} (allowed: uuid, reason)")
     gpu_uuid = body.get("uuid")
     if not isinstance(gpu_uuid, str) or not gpu_uuid.startswith("GPU-"):
         raise BadRequest("uuid: a whole GPU's uuid, GPU-... (drains are per GPU, not MIG)")
@@ -86,7 +88,7 @@ def _parse_clear(body: Any) -> tuple[str, list[str] | None]:
     if reason is None:
         return gpu_uuid, None
     if reason not in REASONS:
-        raise BadRequest(f"reason: {reason!r} is not one of {', '.join(REASONS)}")
+        raise BadRequest(f"reason: {quote(reason)} is not one of {', '.join(REASONS)}")
     return gpu_uuid, [reason]
 
 

@@ -25,8 +25,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, NoReturn
 
-import yaml
+from .. import safeyaml
+from ..safeyaml import quote
 
+# A web config has a few dozen values; aliases may not expand it beyond this (billion laughs).
+MAX_YAML_NODES = 10_000
 CLIENT_AUTH_TYPES = (
     "NoClientCert",
     "RequestClientCert",
@@ -148,7 +151,7 @@ def parse_web_config(text: str, source: Path) -> WebConfig:
     try:
         # PyYAML can raise more than YAMLError on hostile input (ValueError for an impossible
         # date, RecursionError for deep nesting): all of it means "not a valid file".
-        document = yaml.safe_load(text)
+        document = safeyaml.load(text, max_nodes=MAX_YAML_NODES)
     except Exception as exc:
         raise WebConfigError(source, "", f"not valid YAML: {_reason(exc)}") from exc
     try:
@@ -230,7 +233,7 @@ def _set_versions(context: ssl.SSLContext, minimum: str, maximum: str) -> None:
         if name not in TLS_VERSIONS:
             _fail(
                 f"tls_server_config.{key}",
-                f"unknown TLS version {name!r} ({_one_of(TLS_VERSIONS)})",
+                f"unknown TLS version {quote(name)} ({_one_of(TLS_VERSIONS)})",
             )
     if TLS_VERSIONS[minimum] > TLS_VERSIONS[maximum]:
         _fail("tls_server_config.min_version", f"{minimum} is above max_version {maximum}")
@@ -290,7 +293,7 @@ def _client_auth(context: ssl.SSLContext, strings: Mapping[str, str], base: Path
             "certificate it asks for; use VerifyClientCertIfGiven or RequireAndVerifyClientCert",
         )
     if client_auth not in _VERIFY_MODES:
-        _fail(where, f"unknown value {client_auth!r} ({_one_of(CLIENT_AUTH_TYPES)})")
+        _fail(where, f"unknown value {quote(client_auth)} ({_one_of(CLIENT_AUTH_TYPES)})")
     has_ca = bool(strings["client_ca"] or strings["client_ca_file"])
     if _VERIFY_MODES[client_auth] == ssl.CERT_NONE:
         if has_ca:
@@ -313,7 +316,7 @@ def _set_ciphers(context: ssl.SSLContext, names: list[str]) -> None:
         if name not in known:
             _fail(
                 f"tls_server_config.cipher_suites[{index}]",
-                f"unknown cipher suite {name!r} (use Go's names, e.g. "
+                f"unknown cipher suite {quote(name)} (use Go's names, e.g. "
                 "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256)",
             )
     openssl = [known[name] for name in names if known[name] != "-"]
@@ -369,7 +372,7 @@ def _headers(section: Any) -> tuple[tuple[str, str], ...]:
             _fail(where, "must be a one-line string")
         allowed = ALLOWED_HEADERS[name]
         if allowed and value not in allowed:
-            _fail(where, f"invalid value {value!r} ({_one_of(allowed)})")
+            _fail(where, f"invalid value {quote(value)} ({_one_of(allowed)})")
         if value:  # blank means unset, as in exporter-toolkit
             out.append((name, value))
     return tuple(out)
@@ -393,7 +396,7 @@ def _go_duration(value: Any, where: str) -> float:
     text = value if isinstance(value, str) else ""
     parts = _GO_DURATION.findall(text)
     if not parts or "".join(n + u for n, u in parts) != text:
-        _fail(where, f"invalid duration {value!r} (use e.g. 100ms, 1s, 1m30s)")
+        _fail(where, f"invalid duration {quote(value)} (use e.g. 100ms, 1s, 1m30s)")
     return sum(float(number) * _GO_UNITS[unit] for number, unit in parts)
 
 

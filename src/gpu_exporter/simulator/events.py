@@ -34,6 +34,8 @@ from gpu_exporter.simulator.scenario import (
 )
 from gpu_exporter.simulator.units import parse_duration
 
+MIN_REPEAT_S = 0.1  # the shortest repeat period of a timeline event
+
 Params = dict[str, Any]
 Validator = Callable[[Mapping[str, Any], str, Sequence[GpuSpec]], Params]
 
@@ -425,8 +427,9 @@ def _repeat(raw: Any, path: str) -> float:
     if isinstance(raw, str) and raw.strip().startswith("every "):
         raw = raw.strip()[len("every ") :]
     period = parse_duration(raw, path)
-    if period <= 0:
-        raise Invalid(path, "repeat period must be greater than zero")
+    if period < MIN_REPEAT_S:
+        # A shorter period (1 µs was accepted) kept the simulator spinning.
+        raise Invalid(path, f"repeat period must be at least {MIN_REPEAT_S * 1000:g}ms")
     return period
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import yaml
 
+from gpu_exporter import safeyaml
 from gpu_exporter.simulator import schema as s
 from gpu_exporter.simulator.errors import Invalid, ScenarioError
 from gpu_exporter.simulator.events import parse_event
@@ -25,6 +26,9 @@ def load_scenario(path: pathlib.Path | None) -> Scenario:
         content = pathlib.Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise ScenarioError(str(path), "(file)", exc.strerror or str(exc)) from None
+    except UnicodeDecodeError as exc:
+        where = f"invalid byte at offset {exc.start}"
+        raise ScenarioError(str(path), "(file)", f"not UTF-8 text ({where})") from None
     return loads_scenario(content, str(path))
 
 
@@ -33,9 +37,11 @@ def loads_scenario(content: str, source: str = "<string>") -> Scenario:
     return parse_scenario(load_yaml(content, source), source)
 
 
-def load_yaml(content: str, source: str) -> Any:
+def load_yaml(content: str, source: str, *, aliases: bool = True) -> Any:
+    """YAML text (a scenario file, or with ``aliases=False`` a request body, which needs none),
+    bounded: aliases may not expand it beyond :data:`gpu_exporter.safeyaml.MAX_NODES` values."""
     try:
-        return yaml.safe_load(content)
+        return safeyaml.load(content, aliases=aliases)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

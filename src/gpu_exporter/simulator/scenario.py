@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpu_exporter.safeyaml import quote
 from gpu_exporter.simulator import schema as s
 from gpu_exporter.simulator.errors import Invalid
 from gpu_exporter.simulator.models import MIG_SLICES, GpuModel, MigProfile, load_models
@@ -268,7 +269,8 @@ def mig_layout(raw: Any, path: str, model: GpuModel) -> tuple[MigInstanceSpec, .
 def _mig_profile(raw: Any, path: str, model: GpuModel) -> MigProfile:
     if not isinstance(raw, str) or raw not in model.mig_profiles:
         valid = ", ".join(model.mig_profiles)
-        raise Invalid(path, f"MIG profile {raw!r} is not valid for {model.key} (valid: {valid})")
+        problem = f"MIG profile {quote(raw)} is not valid for {model.key} (valid: {valid})"
+        raise Invalid(path, problem)
     return model.mig_profiles[raw]
 
 

@@ -7,6 +7,7 @@ import re
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
+from gpu_exporter.safeyaml import quote
 from gpu_exporter.simulator.errors import Invalid
 from gpu_exporter.simulator.patterns import IDLE, Bursty, Pattern, Ramp, Steady
 from gpu_exporter.simulator.units import parse_duration
@@ -14,13 +15,16 @@ from gpu_exporter.simulator.units import parse_duration
 _PERCENT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
 
 
-_PLAIN_KEY = re.compile(r"[A-Za-z0-9_-]+")
+_PLAIN_KEY = re.compile(r"[A-Za-z0-9_-]{1,64}")
+MAX_KEY_QUOTED = 64  # characters of a key spelled out in an error's path
 
 
 def key(path: str, name: str) -> str:
     """``path.name``; a name that would read ambiguously in a path (a dot, a bracket, spaces,
     anything unprintable or a lone surrogate) is quoted: ``path["a.b"]``."""
     if not _PLAIN_KEY.fullmatch(name):
+        if len(name) > MAX_KEY_QUOTED:  # a hostile key must not make a megabyte error line
+            return f"{path}[{json.dumps(name[:MAX_KEY_QUOTED])}...]"
         return f"{path}[{json.dumps(name)}]"  # ASCII-only: every character is spelled out
     return f"{path}.{name}" if path else name
 
@@ -37,7 +41,7 @@ def mapping(
         raise Invalid(path, f"expected a mapping, got {type(value).__name__}")
     for name in value:
         if not isinstance(name, str):
-            raise Invalid(path, f"keys must be strings, got {name!r}")
+            raise Invalid(path, f"keys must be strings, got {quote(name)}")
         if name not in allowed:
             raise Invalid(key(path, name), f"unknown key (allowed: {', '.join(sorted(allowed))})")
     for name in sorted(required):
@@ -56,7 +60,7 @@ def sequence(value: Any, path: str) -> Sequence[Any]:
 
 def integer(value: Any, path: str, low: int | None = None, high: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise Invalid(path, f"expected an integer, got {value!r}")
+        raise Invalid(path, f"expected an integer, got {quote(value)}")
     if low is not None and value < low:
         raise Invalid(path, f"must be >= {low}, got {value}")
     if high is not None and value > high:
@@ -74,21 +78,23 @@ def text(value: Any, path: str, pattern: str | None = None) -> str:
         result.encode("utf-8")
     except UnicodeEncodeError:
         # JSON can spell a lone UTF-16 surrogate ("\ud800"); no kernel or NVML text can hold one.
-        raise Invalid(path, f"{result!r} is not valid Unicode text (a lone surrogate)") from None
+        raise Invalid(
+            path, f"{quote(result)} is not valid Unicode text (a lone surrogate)"
+        ) from None
     if pattern is not None and not re.fullmatch(pattern, result):
-        raise Invalid(path, f"{result!r} does not match {pattern}")
+        raise Invalid(path, f"{quote(result)} does not match {pattern}")
     return result
 
 
 def boolean(value: Any, path: str) -> bool:
     if not isinstance(value, bool):
-        raise Invalid(path, f"expected true or false, got {value!r}")
+        raise Invalid(path, f"expected true or false, got {quote(value)}")
     return value
 
 
 def choice(value: Any, path: str, choices: Collection[str]) -> str:
     if not isinstance(value, str) or value not in choices:
-        raise Invalid(path, f"expected one of {', '.join(sorted(choices))}; got {value!r}")
+        raise Invalid(path, f"expected one of {', '.join(sorted(choices))}; got {quote(value)}")
     return value
 
 
@@ -99,9 +105,9 @@ def ratio(value: Any, path: str) -> float:
     elif isinstance(value, int | float) and not isinstance(value, bool):
         result = float(value)
     else:
-        raise Invalid(path, f"expected a ratio 0..1 or a percentage like '85%', got {value!r}")
+        raise Invalid(path, f"expected a ratio 0..1 or a percentage like '85%', got {quote(value)}")
     if not 0 <= result <= 1:
-        raise Invalid(path, f"must be between 0 and 1 (or 0%..100%), got {value!r}")
+        raise Invalid(path, f"must be between 0 and 1 (or 0%..100%), got {quote(value)}")
     return result
 
 
