@@ -66,6 +66,14 @@ def parse_count(text: str) -> int:
     return int(text)
 
 
+def parse_path(text: str) -> Path:
+    """A path; an empty one (``GPU_EXPORTER_STATE_DIR=``) is refused rather than read as the
+    working directory: unset the variable for the default."""
+    if not text.strip():
+        raise ValueError("empty path (unset it for the default)")
+    return Path(text)
+
+
 def parse_ratio(text: str) -> float:
     value = float(text)
     if not 0.0 <= value <= 1.0:
@@ -84,7 +92,7 @@ class ValueType:
 
 
 DURATION = ValueType(parse_duration, format_duration, "DURATION")
-PATH = ValueType(Path, str, "PATH")
+PATH = ValueType(parse_path, str, "PATH")
 COUNT = ValueType(parse_count, str, "N")
 RATIO = ValueType(parse_ratio, str, "RATIO")
 LISTEN = ValueType(parse_listen, lambda hp: f"{hp[0]}:{hp[1]}", "HOST:PORT")

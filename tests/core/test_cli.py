@@ -95,6 +95,9 @@ def test_env_names_follow_the_flag_names() -> None:
             {"GPU_EXPORTER_COLLECTOR_ECC": "maybe"},
             "GPU_EXPORTER_COLLECTOR_ECC: invalid boolean",
         ),
+        # Empty was read as the working directory: the journal landed wherever the process ran.
+        ([], {"GPU_EXPORTER_STATE_DIR": ""}, "--state-dir: empty path"),
+        (["--kmsg-path="], {}, "--kmsg-path: empty path"),
     ],
 )
 def test_bad_input_names_what_and_where(

@@ -4,6 +4,8 @@ line, with what and where."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import tracemalloc
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -12,7 +14,6 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer, make_mocked_request
 
-from gpu_exporter.cli import run
 from gpu_exporter.http.webconfig import WebConfigError, parse_web_config
 from gpu_exporter.safeyaml import MAX_NODES, YamlBudgetError, load, quote
 from gpu_exporter.simulator import ScenarioError, SimulatedNode, load_scenario, loads_scenario
@@ -87,17 +88,21 @@ def test_values_quoted_in_errors_are_cut() -> None:
     assert len(quote(list(range(10**6)))) < 100
 
 
-def test_a_scenario_that_is_not_utf8_is_one_line_and_status_2(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_a_scenario_that_is_not_utf8_is_one_line_and_status_2(tmp_path: Path) -> None:
     path = tmp_path / "latin1.yaml"
     path.write_bytes(SCENARIO.encode() + b"# caf\xe9\n")
     with pytest.raises(ScenarioError, match=r"latin1.yaml: \(file\): not UTF-8 text"):
         load_scenario(path)
-    assert run([f"--simulate={path}"], environ={}) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1, err
-    assert "not UTF-8 text (invalid byte at offset" in err
+    done = subprocess.run(
+        [sys.executable, "-m", "gpu_exporter", f"--simulate={path}", "--listen=127.0.0.1:0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert "not UTF-8 text (invalid byte at offset" in done.stderr
 
 
 @pytest.mark.parametrize(

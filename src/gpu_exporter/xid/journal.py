@@ -18,20 +18,27 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import stat
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from ..logs import RateLimitedLog, get_logger
 from .ops import BadOp, Numbered, Op, encode
 from .state import XidState
+from .validate import check_op, check_snapshot
 
 SNAPSHOT_NAME = "xid-state.json"
 LOG_NAME = "xid-journal.jsonl"
 COMPACT_AFTER_OPS = 10_000
-_APPEND_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
+MAX_OP_BYTES = 65_536  # one op line (they are under 1 KiB); longer is damage, skipped unread
+MAX_SNAPSHOT_BYTES = 64 * 2**20  # the snapshot of a bounded state is a few MiB at most
+# Never through a symlink: the exporter runs as root, and a link planted in the state directory
+# would have it truncate and overwrite the link's target (any file on the node).
+_NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
+_APPEND_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND | _NOFOLLOW
 
 # ``os.write``'s shape. Tests pass one that fails like a full or read-only disk would: neither
 # can be made on demand without privileges, and an open descriptor ignores later permission
@@ -59,6 +66,8 @@ class Journal:
         self._write_ok = state_dir is not None
         self._needs_snapshot = True
         self._rlog = RateLimitedLog(_log, period=60.0, clock=clock)
+        self._refused = False  # the state directory failed check_state_dir: never touched
+        self._log_damaged = False
         self.errors: Counter[str] = Counter()  # by operation: load, append, snapshot
 
     @property
@@ -69,7 +78,7 @@ class Journal:
 
     @property
     def needs_repair(self) -> bool:
-        return self._dir is not None and not self.ok
+        return self._dir is not None and not self._refused and not self.ok
 
     def repair(self, snapshot: dict[str, Any]) -> bool:
         """Rewrite the whole state if the files are behind or damaged; True when ``ok`` changed."""
@@ -81,71 +90,109 @@ class Journal:
     # -- loading -----------------------------------------------------------------------------
 
     def load(self) -> XidState:
-        """Rebuild the state from disk (an empty state when there is none or it is corrupt)."""
+        """Rebuild the state from disk (an empty state when there is none or it is corrupt).
+
+        Streamed, with every line at most :data:`MAX_OP_BYTES` and every field checked
+        (:mod:`.validate`): what fails is counted and left out, and the damaged file is set aside
+        (renamed ``*.corrupt-<time>``) before the whole state is written again."""
         if self._dir is None:
             _log.warning("no --state-dir: Xid counts and drain latches will not survive a restart")
             return XidState()
+        refused = check_state_dir(self._dir)
+        if refused is not None:
+            self._refuse(refused)
+            return XidState()
         state = self._load_snapshot()
-        for op in self._load_ops():
-            if op.get("n", 0) <= state.op_number:
-                continue  # already in the snapshot (crash between snapshot and truncation)
+        damaged = False
+        for number, op in self._load_ops():
             try:
+                check_op(op)
+                if op.get("n", 0) <= state.op_number:
+                    continue  # already in the snapshot (crash between snapshot and truncation)
                 state.apply(op)
             except BadOp as exc:
-                self._corrupt(LOG_NAME, str(exc))
+                self._corrupt(LOG_NAME, f"line {number}: {exc}")
+                damaged = True
+        if damaged or self._log_damaged:
+            self._set_aside(self._dir / LOG_NAME)
         self._next_number = state.op_number + 1
         return state
+
+    def _refuse(self, why: str) -> None:
+        """The state directory is not safe to use: neither read nor written (until a restart)."""
+        self._refused = True
+        self._load_ok = self._write_ok = False
+        self.errors["load"] += 1
+        _log.error(
+            "state directory refused; Xid counts and drain latches are kept in memory only",
+            state_dir=str(self._dir),
+            why=why,
+        )
 
     def _load_snapshot(self) -> XidState:
         assert self._dir is not None
         path = self._dir / SNAPSHOT_NAME
         try:
-            text = path.read_text("utf-8")
+            data = json.loads(read_nofollow(path, MAX_SNAPSHOT_BYTES))
         except FileNotFoundError:
             if not (self._dir / LOG_NAME).exists():
                 _log.info("no Xid journal yet; starting from zero", state_dir=str(self._dir))
             return XidState()
-        except (OSError, UnicodeDecodeError) as exc:
-            self._corrupt(SNAPSHOT_NAME, f"unreadable: {exc}")
-            return XidState()
-        try:
-            return XidState.from_snapshot(json.loads(text))
-        except (ValueError, BadOp) as exc:
+        except TooLarge as exc:
             self._corrupt(SNAPSHOT_NAME, str(exc))
             self._set_aside(path)
             return XidState()
-
-    def _load_ops(self) -> list[dict[str, Any]]:
-        assert self._dir is not None
+        except OSError as exc:  # ELOOP: a symlink planted in its place
+            self._corrupt(SNAPSHOT_NAME, f"unreadable: {exc.strerror or exc}")
+            return XidState()
+        except (ValueError, RecursionError) as exc:  # not UTF-8, not JSON
+            self._corrupt(SNAPSHOT_NAME, f"not JSON: {str(exc)[:200]}")
+            self._set_aside(path)
+            return XidState()
         try:
-            data = (self._dir / LOG_NAME).read_bytes()
-        except FileNotFoundError:
-            return []
-        except OSError as exc:
-            self._corrupt(LOG_NAME, f"unreadable: {exc}")
-            return []
-        lines = data.split(b"\n")
-        torn = lines.pop()  # after the last newline: empty, or a write cut short by a crash
-        if torn:
-            _log.warning("ignoring a partly written last journal line", bytes=len(torn))
-        ops: list[dict[str, Any]] = []
-        for number, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            try:
-                op = json.loads(line)
-            except ValueError:
-                op = None
-            if not isinstance(op, dict):
-                self._corrupt(LOG_NAME, f"line {number} is not a JSON object")
-                continue
-            ops.append(op)
-        return ops
+            kept, problems = check_snapshot(data)
+            state = XidState.from_snapshot(kept)
+        except BadOp as exc:
+            self._corrupt(SNAPSHOT_NAME, str(exc))
+            self._set_aside(path)
+            return XidState()
+        if problems:
+            reason = f"{len(problems)} entries left out; {problems[0]}"
+            self._corrupt(SNAPSHOT_NAME, reason, count=len(problems))
+            self._set_aside(path)
+        return state
 
-    def _corrupt(self, name: str, reason: str) -> None:
+    def _load_ops(self) -> Iterator[tuple[int, Any]]:
+        """Each op line, parsed, with its line number (streamed: never the whole file)."""
+        assert self._dir is not None
+        self._log_damaged = False
+        try:
+            fd = os.open(self._dir / LOG_NAME, os.O_RDONLY | _NOFOLLOW)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            self._corrupt(LOG_NAME, f"unreadable: {exc.strerror or exc}")
+            return
+        with os.fdopen(fd, "rb") as file:
+            for number, line in journal_lines(file, MAX_OP_BYTES):
+                if line is None:
+                    self._corrupt(LOG_NAME, f"line {number} is longer than {MAX_OP_BYTES} bytes")
+                    self._log_damaged = True
+                    continue
+                if not line.strip():
+                    continue
+                try:
+                    yield number, json.loads(line)
+                except (ValueError, RecursionError):
+                    self._corrupt(LOG_NAME, f"line {number} is not JSON")
+                    self._log_damaged = True
+
+    def _corrupt(self, name: str, reason: str, count: int = 1) -> None:
+        """``count`` entries of ``name`` could not be used (each counted)."""
         self._load_ok = False
-        self.errors["load"] += 1
-        _log.warning(
+        self.errors["load"] += count
+        self._rlog.warning(
+            ("load", name),
             "Xid journal is corrupt; continuing with what could be read",
             file=str(self._dir / name) if self._dir else name,
             reason=reason,
@@ -167,7 +214,7 @@ class Journal:
 
     def append(self, ops: list[Numbered], snapshot: Callable[[], dict[str, Any]]) -> None:
         """Make ``ops`` durable: appended and fsynced, or folded into a fresh snapshot."""
-        if self._dir is None or not ops:
+        if self._dir is None or self._refused or not ops:
             return
         if self._needs_snapshot or self._ops_in_log + len(ops) > COMPACT_AFTER_OPS:
             self.compact(snapshot())
@@ -186,15 +233,15 @@ class Journal:
 
     def compact(self, snapshot: dict[str, Any]) -> None:
         """Write ``snapshot`` atomically, then empty the op log."""
-        if self._dir is None:
+        if self._dir is None or self._refused:
             return
         try:
-            self._dir.mkdir(parents=True, exist_ok=True)
+            self._dir.mkdir(mode=0o700, parents=True, exist_ok=True)
             _atomic_write(self._write, self._dir / SNAPSHOT_NAME, json.dumps(snapshot).encode())
             self._close_fd()
-            fd = os.open(self._dir / LOG_NAME, _APPEND_FLAGS | os.O_TRUNC, 0o600)
-            os.fsync(fd)
-            self._fd = fd
+            # Emptied by replacing it (a link planted in its place is replaced, never followed).
+            _atomic_write(self._write, self._dir / LOG_NAME, b"")
+            self._fd = os.open(self._dir / LOG_NAME, _APPEND_FLAGS, 0o600)
         except OSError as exc:
             self._write_failed("snapshot", exc)
             return
@@ -232,6 +279,67 @@ class Journal:
         )
 
 
+def journal_lines(file: BinaryIO, limit: int) -> Iterator[tuple[int, bytes | None]]:
+    """Each complete line of ``file`` with its number, or None for a line longer than ``limit``
+    (skipped without being held). A short last line without its newline (a write cut short by a
+    crash) is left out with a warning."""
+    number = 0
+    while line := file.readline(limit + 1):
+        number += 1
+        if line.endswith(b"\n"):
+            yield number, line
+            continue
+        if len(line) <= limit:
+            _log.warning("ignoring a partly written last journal line", bytes=len(line))
+            return
+        while (rest := file.readline(65_536)) and not rest.endswith(b"\n"):
+            pass
+        yield number, None
+
+
+def _create_new(path: Path) -> int:
+    """Create ``path`` exclusively (``O_EXCL``: never an existing file, never a symlink's
+    target). A leftover (a crash between create and rename, or something planted) is unlinked
+    first: unlinking a symlink removes the link, not its target."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW
+    try:
+        return os.open(path, flags, 0o600)
+    except FileExistsError:
+        os.unlink(path)
+        return os.open(path, flags, 0o600)
+
+
+def check_state_dir(path: Path) -> str | None:
+    """Why ``path`` must not hold the journal (None: it may, or it does not exist yet). The
+    exporter runs as root: a directory another user can write to lets them plant links and
+    files it would then trust."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None  # missing (created later), or not a directory: the writes report it
+    if not stat.S_ISDIR(info.st_mode):
+        return None  # reported by the writes that fail
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"writable by group or others (mode {stat.S_IMODE(info.st_mode):04o}; chmod go-w)"
+    if info.st_uid not in (0, os.geteuid()):
+        return f"owned by another user (uid {info.st_uid})"
+    return None
+
+
+def read_nofollow(path: Path, limit: int) -> bytes:
+    """A file's bytes, not through a symlink (ELOOP), at most ``limit`` (:class:`TooLarge`)."""
+    fd = os.open(path, os.O_RDONLY | _NOFOLLOW)
+    with os.fdopen(fd, "rb") as file:
+        data = file.read(limit + 1)
+    if len(data) > limit:
+        raise TooLarge(f"larger than {limit} bytes")
+    return data
+
+
+class TooLarge(OSError):
+    """A state file over its size limit."""
+
+
 def _write_all(write: Write, fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
@@ -241,7 +349,7 @@ def _write_all(write: Write, fd: int, data: bytes) -> None:
 
 def _atomic_write(write: Write, path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    fd = _create_new(tmp)
     try:
         _write_all(write, fd, data)
         os.fsync(fd)

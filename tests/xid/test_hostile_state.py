@@ -1,0 +1,170 @@
+"""A state directory others tampered with: planted symlinks, loose permissions, a torn line of
+hundreds of megabytes, values no exporter writes. The exporter must neither follow nor trust
+them: what fails is left out and counted, and nothing outside the directory is touched."""
+
+from __future__ import annotations
+
+import json
+import os
+import tracemalloc
+from pathlib import Path
+
+import pytest
+
+from gpu_exporter.xid import XidCore, load_classifier
+from gpu_exporter.xid.journal import LOG_NAME, MAX_OP_BYTES, SNAPSHOT_NAME, Journal
+
+from .conftest import KmsgFile, Make, value, wait_until, xid_count
+
+XID48 = "NVRM: Xid (PCI:0000:18:00): 48, pid='<unknown>', name=<unknown>, An uncorrectable DBE"
+SECRET = "root:x:0:0:precious\n"
+
+
+@pytest.fixture
+def victim(tmp_path: Path) -> Path:
+    """A file outside the state directory that a planted link points at."""
+    path = tmp_path / "victim"
+    path.write_text(SECRET)
+    return path
+
+
+def plant(state_dir: Path, name: str, target: Path) -> None:
+    state_dir.mkdir(mode=0o700)
+    (state_dir / name).symlink_to(target)
+
+
+def untouched(victim: Path) -> bool:
+    return victim.read_text() == SECRET
+
+
+def is_link(path: Path) -> bool:
+    return path.is_symlink()
+
+
+@pytest.mark.parametrize("planted", [LOG_NAME, SNAPSHOT_NAME, f".{SNAPSHOT_NAME}.tmp"])
+async def test_a_planted_symlink_is_never_followed(
+    make_subsystem: Make, kmsg: KmsgFile, state_dir: Path, victim: Path, planted: str
+) -> None:
+    plant(state_dir, planted, victim)
+    kmsg.write(XID48)
+    xid = make_subsystem()
+    await xid.start()
+    try:
+        await wait_until(lambda: xid_count(xid) == 1)
+        kmsg.write(XID48)
+        await wait_until(lambda: xid_count(xid) == 2)
+    finally:
+        await xid.stop()
+    assert untouched(victim), f"the target of a planted {planted} was written"
+    assert not is_link(state_dir / planted), "the link is still in use"
+    again = make_subsystem()  # and the journal works: the counts survive a restart
+    await again.start()
+    try:
+        await wait_until(lambda: xid_count(again) == 2)
+    finally:
+        await again.stop()
+
+
+async def test_a_state_dir_others_may_write_is_refused(
+    make_subsystem: Make, kmsg: KmsgFile, state_dir: Path
+) -> None:
+    os.mkdir(state_dir)
+    os.chmod(state_dir, 0o777)
+    kmsg.write(XID48)
+    xid = make_subsystem()
+    await xid.start()
+    try:
+        await wait_until(lambda: xid_count(xid) == 1)  # counting goes on, in memory
+        assert value(xid, "gpu_exporter_state_journal_ok") == 0
+        assert value(xid, "gpu_exporter_state_journal_errors_total", operation="load") == 1
+    finally:
+        await xid.stop()
+    assert os.listdir(state_dir) == [], "wrote into a directory others can write"
+
+
+def load(state_dir: Path) -> tuple[XidCore, Journal]:
+    journal = Journal(state_dir)
+    core = XidCore(load_classifier(), journal)
+    core.load("boot-1")
+    return core, journal
+
+
+def test_a_huge_torn_line_is_skipped_without_holding_it(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    count = {"op": "count", "n": 1, "l": ["0", "GPU-0", "48", "hardware", "reset_gpu", "", ""],
+             "w": 1.0, "r": [1, "GPU-0", ["kmsg"]], "k": None}  # fmt: skip
+    with (state / LOG_NAME).open("wb") as out:
+        out.write(json.dumps(count).encode() + b"\n")
+        out.write(b'{"op": "count", "x": "' + b"A" * (32 * 2**20))  # 32 MiB, no newline
+    tracemalloc.start()
+    try:
+        core, journal = load(state)
+        _current, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 * 2**20, f"{peak / 2**20:.0f} MiB to read past a 32 MiB line"
+    assert sum(core.published.counts.values()) == 1
+    assert journal.errors["load"] == 1
+    assert list(state.glob(f"{LOG_NAME}.corrupt-*")), "the damaged journal is not kept aside"
+
+
+def test_an_overlong_line_in_the_middle_is_left_out_and_the_rest_read(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    latch = {"op": "latch", "u": "GPU-0", "g": "0", "why": "device_lost", "on": True, "t": 1.0}
+    boot = json.dumps({"op": "boot", "n": 1, "b": "boot-1"}).encode()
+    lines = [boot, b"x" * (MAX_OP_BYTES + 10), json.dumps({**latch, "n": 3}).encode()]
+    (state / LOG_NAME).write_bytes(b"\n".join(lines) + b"\n")
+    core, journal = load(state)
+    assert core.published.latches == (("GPU-0", "0", "device_lost"),)
+    assert journal.errors["load"] == 1
+
+
+def snapshot(**tables: object) -> dict[str, object]:
+    return {"version": 1, "n": 0, "boot_id": "boot-1", "kmsg_seq": -1, "kmsg_offset": None,
+            "kmsg_file": "", "kmsg_file_pos": -1, "next_id": 1, "counts": [],
+            "last_seen": [], "latches": [], "recent": [], **tables}  # fmt: skip
+
+
+LABELS = ["0", "GPU-0", "48", "hardware", "reset_gpu", "", ""]
+
+
+def test_tampered_values_are_left_out_and_counted(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    counts = [
+        [*LABELS, 3.0],  # the one good row
+        [*LABELS[:2], "13", "application", "restart_app", "", "", -5],
+        [*LABELS[:2], "31", "application", "restart_app", "", "", float("nan")],
+        [*LABELS[:2], "43", "informational", "ignore", "", "", float("inf")],
+        [*LABELS[:2], "94", "catastrophic", "x", "", "", 1.0],  # no such class
+        [*LABELS[:2], {"a": 1}, "hardware", "x", "", "", 1.0],  # not a string
+    ]
+    (state / SNAPSHOT_NAME).write_text(json.dumps(snapshot(counts=counts)))
+    ops = [
+        {"op": "boot", "n": 1, "b": {"id": "x"}},
+        {"op": "count", "n": 2, "l": [*LABELS[:3], "bogus", "", "", ""], "w": 1.0,
+         "r": [5, "GPU-0", ["kmsg"]]},
+        {"op": "count", "n": 3, "l": LABELS, "w": float("inf"), "r": [6, "GPU-0", ["kmsg"]]},
+        {"op": "latch", "n": 4, "u": "GPU-0", "why": "tired", "on": True, "g": "0", "t": 1.0},
+        {"op": "count", "n": 5, "l": LABELS, "w": 2.0, "r": [7, "GPU-0", ["kmsg"]]},
+    ]  # fmt: skip
+    (state / LOG_NAME).write_text("".join(json.dumps(op) + "\n" for op in ops))
+    core, journal = load(state)
+    assert dict(core.published.counts) == {tuple(LABELS): 4.0}, "a tampered value was served"
+    assert core.published.latches == ()
+    assert journal.errors["load"] == 5 + 4
+    assert list(state.glob(f"{SNAPSHOT_NAME}.corrupt-*"))
+    assert list(state.glob(f"{LOG_NAME}.corrupt-*"))
+    again, journal = load(state)  # rewritten clean at once
+    assert dict(again.published.counts) == {tuple(LABELS): 4.0}
+    assert journal.errors["load"] == 0
+
+
+def test_files_stay_private(tmp_path: Path) -> None:
+    state = tmp_path / "new" / "state"
+    load(state)
+    assert (state.stat().st_mode & 0o777) == 0o700
+    for name in (LOG_NAME, SNAPSHOT_NAME):
+        assert (os.stat(state / name).st_mode & 0o777) == 0o600
