@@ -149,7 +149,11 @@ def build_exporter(config: Config) -> Exporter:
     sampler.add_source(xid)
     sampler.add_listener(xid)
     guard = RequestGuard(
-        config.web, max_requests=config.web_max_requests, auth_health=config.web_auth_health
+        config.web,
+        max_requests=config.web_max_requests,
+        auth_health=config.web_auth_health,
+        read_timeout=config.web_read_timeout,
+        write_timeout=config.web_write_timeout,
     )
     sampler.add_source(guard)
     web_config = None
@@ -265,7 +269,14 @@ def _build_xid(
 ) -> XidSubsystem:
     boot_id = None
     if simulation is not None:
-        config.kmsg_path.touch()
+        try:
+            config.kmsg_path.touch()
+        except OSError as exc:  # e.g. --kmsg-path in a directory that does not exist
+            why = exc.strerror or str(exc)
+            path = config.kmsg_path
+            raise OSError(
+                f"--kmsg-path {path}: cannot create the simulator's kernel log: {why}"
+            ) from None
         simulation.add_kmsg_file(config.kmsg_path)
         boot_id = simulation.scenario.node.boot_id
     settings = XidSettings(

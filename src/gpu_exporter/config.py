@@ -260,7 +260,16 @@ class Config:
         DURATION,
         group="web",
         help="a connection must send a complete request head within this long of opening or of "
-        "its previous response, else it is closed; also the keep-alive idle time",
+        "its previous response, and a request body within this long of its head, else it is "
+        "closed; also the keep-alive idle time",
+    )
+    web_write_timeout: float = setting(
+        "--web.write-timeout",
+        10.0,
+        DURATION,
+        group="web",
+        help="a response not taken by the client within this long is dropped with its "
+        "connection (a client that never reads holds nothing longer)",
     )
     log_format: str = setting(
         "--log-format",

@@ -186,3 +186,19 @@ async def test_events_from_off_the_node_are_refused_unless_asked() -> None:
 @pytest.mark.parametrize("peer", ["127.0.0.1", "::1", "::ffff:127.0.0.1"])
 def test_loopback_peers_are_loopback(peer: str) -> None:
     assert _loopback(peer)
+
+
+def test_a_kmsg_path_in_a_missing_directory_names_the_real_problem(tmp_path: Path) -> None:
+    missing = tmp_path / "nonexistent" / "k"
+    argv = ["--simulate", "--listen=127.0.0.1:0", f"--kmsg-path={missing}"]
+    done = subprocess.run(
+        [sys.executable, "-m", "gpu_exporter", *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 1, done.stderr
+    assert "cannot listen" not in done.stderr
+    why = "cannot create the simulator's kernel log: No such file or directory"
+    assert done.stderr.strip().endswith(f"--kmsg-path {missing}: {why}")

@@ -37,6 +37,14 @@ REJECTED = counter(
 # (401); client_cert: the client certificate has none of client_allowed_sans (403); bad_request:
 # refused by the HTTP parser, before any handler (400: not HTTP, a line or header over the limits).
 REASONS = ("max_requests", "rate_limit", "auth_busy", "unauthorized", "client_cert", "bad_request")
+DROPPED = counter(
+    "gpu_exporter_http_connections_dropped_total",
+    "HTTP connections closed by the exporter or the client before a response was delivered, by "
+    "reason: write_timeout (the client did not take its response within --web.write-timeout), "
+    "body_timeout (a request body slower than --web.read-timeout), reset (the client reset or "
+    "closed the connection while its response was written).",
+)
+DROP_REASONS = ("write_timeout", "body_timeout", "reset")
 # bcrypt is slow on purpose (~70 ms at cost 10): one check at a time, and only this many waiting;
 # beyond that a guessing client is turned away without costing CPU.
 MAX_PENDING_PASSWORD_CHECKS = 4
@@ -161,7 +169,7 @@ class RequestGuard:
     """The middleware and response headers for the web app, and the rejection counters (a
     sample source of the sampler)."""
 
-    families: Sequence[Family] = (REJECTED,)
+    families: Sequence[Family] = (REJECTED, DROPPED)
 
     def __init__(
         self,
@@ -169,9 +177,16 @@ class RequestGuard:
         *,
         max_requests: int,
         auth_health: bool = False,
+        read_timeout: float = 30.0,
+        write_timeout: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._max_requests = max_requests
+        self._read_timeout = read_timeout
+        self._write_timeout = write_timeout
+        self._dropped = dict.fromkeys(DROP_REASONS, 0)
+        self._drop_labels = {reason: label_string({"reason": reason}) for reason in DROP_REASONS}
+        self._rlog = RateLimitedLog(_server_log, period=60.0, clock=clock)
         self._auth_health = auth_health
         self._clock = clock
         self._in_flight = 0
@@ -203,9 +218,25 @@ class RequestGuard:
     def rejected(self) -> Mapping[str, int]:
         return dict(self._rejected)
 
+    @property
+    def dropped(self) -> Mapping[str, int]:
+        return dict(self._dropped)
+
     def samples(self) -> Iterator[Sample]:
         for reason, count in self._rejected.items():
             yield Sample(REJECTED, self._labels[reason], count)
+        for reason, count in self._dropped.items():
+            yield Sample(DROPPED, self._drop_labels[reason], count)
+
+    def note_dropped(self, reason: str, request: web.BaseRequest | None = None) -> None:
+        """A connection dropped (counted; one warning line a minute per reason)."""
+        self._dropped[reason] += 1
+        self._rlog.warning(
+            ("dropped", reason),
+            "connection dropped",
+            reason=reason,
+            client=request.remote if request is not None else None,
+        )
 
     def install(self, app: web.Application) -> None:
         app.middlewares.append(self._middleware)
@@ -219,23 +250,49 @@ class RequestGuard:
                 if denied is not None:
                     return denied
             return await handler(request)
+        if request.can_read_body and not await self._read_body(request):
+            return self._closing(request, HTTPStatus.REQUEST_TIMEOUT)
         if self._in_flight >= self._max_requests:
             return self._reject("max_requests", HTTPStatus.SERVICE_UNAVAILABLE)
         if self._bucket is not None and not self._bucket.allow():
             return self._reject("rate_limit", HTTPStatus.TOO_MANY_REQUESTS)
         self._in_flight += 1
         try:
-            denied = await self._authenticate(request)
-            if denied is not None:
-                return denied
-            response = await handler(request)
-            # Sent while the slot is held: a client that reads slowly occupies it, as under
-            # Prometheus' own --web.max-requests.
-            await response.prepare(request)
-            await response.write_eof()
-            return response
+            response = await self._authenticate(request) or await handler(request)
         finally:
+            # The slot bounds work, not delivery: a client that never reads its response must
+            # not keep others from /metrics (40 such clients held every slot for as long as they
+            # liked). Delivery is bounded by --web.write-timeout instead.
             self._in_flight -= 1
+        await self._deliver(request, response)
+        return response
+
+    async def _read_body(self, request: web.Request) -> bool:
+        """Read the body before taking a slot (aiohttp keeps it for the handler), within
+        --web.read-timeout; False when it did not arrive in time."""
+        try:
+            async with asyncio.timeout(self._read_timeout):
+                await request.read()  # at most client_max_size: 413 beyond it
+        except TimeoutError:
+            self.note_dropped("body_timeout", request)
+            return False
+        return True
+
+    async def _deliver(self, request: web.Request, response: web.StreamResponse) -> None:
+        try:
+            async with asyncio.timeout(self._write_timeout):
+                await response.prepare(request)
+                await response.write_eof()
+        except TimeoutError:
+            self.note_dropped("write_timeout", request)
+            _abort(request)
+        except ConnectionError:  # reset by the client: its own doing, not a server error
+            self.note_dropped("reset", request)
+            _abort(request)
+
+    def _closing(self, request: web.Request, status: HTTPStatus) -> web.Response:
+        _abort(request)
+        return web.Response(status=status, text=f"{status.phrase}\n")
 
     async def _authenticate(self, request: web.Request) -> web.Response | None:
         """None when the request may proceed, else the answer to send."""
@@ -285,6 +342,12 @@ def _normalised_san(kind: str, value: str) -> str:
     return value
 
 
+def _abort(request: web.BaseRequest) -> None:
+    transport = request.transport
+    if transport is not None:
+        transport.abort()
+
+
 class ServerLog:
     """Stands in for aiohttp's ``aiohttp.server`` logger, which would print a traceback to stderr,
     outside the structured log, for every malformed request any client cares to send.
@@ -302,6 +365,9 @@ class ServerLog:
     def exception(self, message: str, *args: object, exc_info: object = None, **_: object) -> None:
         if isinstance(exc_info, HttpProcessingError):
             self._bad_request(exc_info, args)
+            return
+        if isinstance(exc_info, ConnectionError):  # a client reset its connection mid-answer
+            self._guard.note_dropped("reset")
             return
         text = message % args if args else message
         _server_log.error(text, exc_info=exc_info if exc_info is not None else True)
