@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import signal
 import tempfile
@@ -298,17 +299,26 @@ def _build_xid(
 
 
 async def run_until_signalled(exporter: Exporter) -> None:
-    """Run until SIGTERM or SIGINT, then stop everything cleanly."""
+    """Run until SIGTERM or SIGINT, then stop everything cleanly. SIGHUP reads the web config
+    again at once (ignored without one), as exporter-toolkit's users expect; it never stops."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, functools.partial(_on_sighup, exporter))
     try:
         await exporter.start()
         await stop.wait()
         _log.info("shutting down")
     finally:
-        for signum in (signal.SIGTERM, signal.SIGINT):
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             with suppress(Exception):
                 loop.remove_signal_handler(signum)
         await exporter.stop()
+
+
+def _on_sighup(exporter: Exporter) -> None:
+    if exporter.web_config is None:
+        _log.info("SIGHUP ignored: no --web.config.file to read again")
+        return
+    exporter.web_config.reload_on_signal()

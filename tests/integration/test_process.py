@@ -78,6 +78,17 @@ def test_sigint_also_stops_it_cleanly(running_exporter: tuple[subprocess.Popen[s
     assert process.wait(timeout=10) == 0
 
 
+def test_sighup_does_not_stop_it(running_exporter: tuple[subprocess.Popen[str], int]) -> None:
+    """exporter-toolkit users send SIGHUP to reload; without a web config it is ignored (it was
+    the default action: the process died)."""
+    process, port = running_exporter
+    process.send_signal(signal.SIGHUP)
+    assert get(port, "/healthz")[0] == 200
+    assert process.poll() is None, "SIGHUP stopped the exporter"
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=10) == 0
+
+
 def test_a_bad_scenario_is_one_line_naming_file_and_key(tmp_path: Path) -> None:
     scenario = tmp_path / "node.yaml"
     scenario.write_text("gpus:\n  - model: H900\n")

@@ -145,6 +145,31 @@ async def test_turning_tls_off_waits_for_a_restart(pki: Pki) -> None:
         assert await status(exporter, pki, auth(PASSWORD)) == 200, "still TLS, still the config"
 
 
+async def test_removing_every_user_waits_for_a_restart(pki: Pki) -> None:
+    """A reload that drops basic_auth_users (a truncated file, a bad edit) would open /metrics and
+    the admin API to anyone: refused like the other restart-only changes."""
+    tls = b"tls_server_config: {cert_file: server.crt, key_file: server.key}\n"
+    async with running_exporter(exporter_config(pki)) as exporter:
+        write_atomically(pki.directory / "web.yml", tls)
+        assert not reloader_of(exporter).reload_now(), "authentication turned off by a reload"
+        assert await status(exporter, pki, {}) == 401, "open without credentials"
+        assert await status(exporter, pki, auth(PASSWORD)) == 200
+
+
+async def test_sighup_reads_the_web_config_at_once(tmp_path: Path) -> None:
+    path = tmp_path / "web.yml"
+    write_atomically(path, web_yml(PASSWORD, tls=False))
+    reloader = WebConfigReloader(load_web_config(path), lambda _config: None, interval=3600)
+    write_atomically(path, web_yml(NEW_PASSWORD, tls=False))
+    before = reloader.current.users
+    reloader.reload_on_signal()
+    for _ in range(200):
+        if reloader.current.users != before:
+            break
+        await asyncio.sleep(0.01)  # the reload runs on a worker thread
+    assert reloader.current.users != before, "SIGHUP did not reload the web config"
+
+
 async def test_the_reloader_notices_a_change_by_itself(tmp_path: Path) -> None:
     path = tmp_path / "web.yml"
     write_atomically(path, web_yml(PASSWORD, tls=False))

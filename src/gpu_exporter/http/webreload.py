@@ -69,6 +69,7 @@ class WebConfigReloader:
         self._last_ok = True
         self._rlog = RateLimitedLog(_log, period=300.0)
         self._task: asyncio.Task[None] | None = None
+        self._signalled: set[asyncio.Task[None]] = set()  # reloads asked for by SIGHUP
         if initial.tls is not None:
             initial.tls.context.sni_callback = self._choose_context
 
@@ -89,18 +90,30 @@ class WebConfigReloader:
     async def _run(self) -> None:
         while True:
             await asyncio.sleep(self._interval)
-            try:
-                candidate = await asyncio.to_thread(self.check)
-            except Exception as exc:  # a bug here must not end the checks, nor the exporter
-                self._refuse(f"unexpected error: {exc!r}")
-                continue
-            if candidate is not None:
-                self._accept(candidate)
+            await self._check_once()
 
-    def check(self) -> WebConfig | None:
-        """A newer, valid config when a file changed since the last check, else None."""
+    async def _check_once(self, force: bool = False) -> None:
+        try:
+            candidate = await asyncio.to_thread(self.check, force)
+        except Exception as exc:  # a bug here must not end the checks, nor the exporter
+            self._refuse(f"unexpected error: {exc!r}")
+            return
+        if candidate is not None:
+            self._accept(candidate)
+
+    def reload_on_signal(self) -> None:
+        """SIGHUP (on the loop): read the files again now, changed or not, as exporter-toolkit
+        users expect of a reload signal."""
+        _log.info("SIGHUP: reading the web config again", file=str(self.current.source))
+        task = asyncio.get_running_loop().create_task(self._check_once(force=True))
+        self._signalled.add(task)
+        task.add_done_callback(self._signalled.discard)
+
+    def check(self, force: bool = False) -> WebConfig | None:
+        """A newer, valid config when a file changed since the last check (or ``force``), else
+        None."""
         fingerprint = _fingerprint(self.current.files)
-        if fingerprint == self._fingerprint:
+        if fingerprint == self._fingerprint and not force:
             return None
         self._fingerprint = fingerprint
         try:
@@ -149,7 +162,15 @@ class WebConfigReloader:
 
 
 def _check_restart_free(current: WebConfig, candidate: WebConfig) -> None:
-    """Refuse what the running listener cannot take (see the module's docstring)."""
+    """Refuse what the running listener cannot take (see the module's docstring), and what would
+    silently open the endpoints: dropping every basic_auth_users entry (a truncated or half-written
+    file must not turn authentication off)."""
+    if current.users and not candidate.users:
+        raise WebConfigError(
+            candidate.source,
+            "basic_auth_users",
+            "removing every user would open /metrics and the admin API: that needs a restart",
+        )
     if (current.tls is None) != (candidate.tls is None):
         raise WebConfigError(
             candidate.source, "tls_server_config", "turning TLS on or off needs a restart"
