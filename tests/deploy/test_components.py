@@ -31,6 +31,7 @@ FEATURE_GRANTS: dict[str, dict[str, set[str]]] = {
         "adds": {"GPU_EXPORTER_ALLOCATION=false"},
     },
     "no-prometheus-operator": {"hostPath": set(), "capability": set(), "env": set()},
+    "no-network-policy": {"hostPath": set(), "capability": set(), "env": set()},
 }
 OPERATOR_GROUP = "monitoring.coreos.com"
 
@@ -92,6 +93,8 @@ def test_each_feature_off_removes_its_grant_and_nothing_else(
         expected = without(base, removed)
         if component == "no-prometheus-operator":
             expected = [r for r in expected if not r["apiVersion"].startswith(OPERATOR_GROUP)]
+        if component == "no-network-policy":
+            expected = [r for r in expected if r["kind"] != "NetworkPolicy"]
         assert variants[component] == expected, f"{component} changed more than its grant"
 
 
@@ -102,6 +105,28 @@ def test_all_features_off_asks_for_no_capability_and_only_its_state_dir(
     assert have["capability"] == set()
     assert have["hostPath"] == {"/var/lib/gpu-exporter"}
     assert not any(r["apiVersion"].startswith(OPERATOR_GROUP) for r in variants[ALL_OFF])
+
+
+def test_the_default_install_admits_scrapes_only_from_the_monitoring_namespace(
+    base: list[Resource],
+) -> None:
+    (policy,) = [r for r in base if r["kind"] == "NetworkPolicy"]
+    spec = policy["spec"]
+    pod_labels = daemonset(base)["spec"]["template"]["metadata"]["labels"]
+    assert spec["podSelector"]["matchLabels"].items() <= pod_labels.items(), "selects no pod"
+    assert spec["policyTypes"] == ["Ingress"], "egress must stay open (the exporter calls nobody)"
+    (rule,) = spec["ingress"]
+    assert rule["from"] == [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    ]
+    ports = {p["name"] for p in container(base)["ports"]}
+    assert [p["port"] for p in rule["ports"]] == ["metrics"]
+    assert "metrics" in ports
+
+
+def test_all_features_off_keeps_no_network_policy(variants: dict[str, list[Resource]]) -> None:
+    assert not [r for r in variants["no-network-policy"] if r["kind"] == "NetworkPolicy"]
+    assert [r for r in variants["base"] if r["kind"] == "NetworkPolicy"]
 
 
 def test_default_runtime_only_drops_the_runtime_class(variants: dict[str, list[Resource]]) -> None:

@@ -63,6 +63,7 @@ def test_the_default_install_has_the_expected_objects(base: list[Resource]) -> N
     expected = [
         ("DaemonSet", "gpu-exporter"),
         ("Namespace", "gpu-exporter"),
+        ("NetworkPolicy", "gpu-exporter-scrape-only"),
         ("Service", "gpu-exporter"),
         ("ServiceAccount", "gpu-exporter"),
         ("ServiceMonitor", "gpu-exporter"),
