@@ -4,21 +4,32 @@ from __future__ import annotations
 
 import pynvml
 
+from ..devices import Device
 from ..exposition import counter, label_string
 from ..nvml import DeviceCalls
-from .base import Cadence, Collector, SampleWriter
+from .base import Cadence, Collector, CollectorContext, SampleWriter
 
+# NVML_FI_DEV_ECC_CURRENT and the single/double-bit (corrected/uncorrected) totals as fields.
+FIELD_ECC_CURRENT = 1
+FIELDS = {
+    ("corrected", "volatile"): 3,
+    ("uncorrected", "volatile"): 4,
+    ("corrected", "aggregate"): 5,
+    ("uncorrected", "aggregate"): 6,
+}
 ECC_ERRORS = counter(
     "gpu_ecc_errors_total",
     "ECC errors by type (corrected, uncorrected) and counter (volatile since driver load, "
     "aggregate over the board's life).",
 )
+# (NVML error type, counter type, labels, signal name, the same counter's field id).
 _KINDS = tuple(
     (
         error_type,
         counter_type,
         label_string({"type": type_name, "counter": counter_name}),
         f"ecc_{type_name}_{counter_name}",
+        FIELDS[(type_name, counter_name)],
     )
     for type_name, error_type in (
         ("corrected", pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED),
@@ -37,12 +48,30 @@ class EccCollector(Collector):
     cadence = Cadence.SLOW
     families = (ECC_ERRORS,)
 
+    def __init__(self, device: Device, context: CollectorContext) -> None:
+        super().__init__(device, context)
+        # The mode and the four totals ride in the slow round's field read (no call of their
+        # own); a driver without the fields gets the calls, as before.
+        self._fields = context.field_batch(device, self.cadence)
+        self._fields.want((FIELD_ECC_CURRENT, *FIELDS.values()))
+
     def collect(self, calls: DeviceCalls, out: SampleWriter) -> None:
+        values = self._fields.read(calls, self.device.handle)
+        if FIELD_ECC_CURRENT in values:
+            if int(values[FIELD_ECC_CURRENT]) != pynvml.NVML_FEATURE_ENABLED:
+                return  # ECC off: the counters would read zero and mean nothing
+            if all(field in values for *_, field in _KINDS):
+                for *_, labels, _, field in _KINDS:
+                    out.add(ECC_ERRORS, values[field], labels)
+                return
+        self._collect_by_calls(calls, out)
+
+    def _collect_by_calls(self, calls: DeviceCalls, out: SampleWriter) -> None:
         handle = self.device.handle
         mode = calls.get(pynvml.nvmlDeviceGetEccMode, handle)
         if mode is None or int(mode[0]) != pynvml.NVML_FEATURE_ENABLED:
-            return  # ECC off: the counters would read zero and mean nothing
-        for error_type, counter_type, labels, signal in _KINDS:
+            return
+        for error_type, counter_type, labels, signal, _ in _KINDS:
             count = calls.get(
                 pynvml.nvmlDeviceGetTotalEccErrors, handle, error_type, counter_type, signal=signal
             )

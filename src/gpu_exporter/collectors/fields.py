@@ -5,8 +5,9 @@ action, energy, NVLink and PCIe counters). Each registers the fields it wants wi
 :class:`FieldBatch` for its cadence; the first collector of a round to read the batch asks NVML
 for the union in one call, and the device's other collectors of that round reuse the answer.
 Collectors of one device run concurrently on worker threads, so the batch is guarded by a lock;
-"one round" is recognised by time: an answer younger than :data:`FRESH_FOR` seconds (and than
-half the cadence's interval) is reused.
+"one round" is recognised by time and by who asks: an answer is reused while it is younger than
+:data:`FRESH_FOR` seconds (and than half the cadence's interval) and the collector asking has not
+had it yet; a collector asking a second time has started its next round.
 
 A fast round therefore costs one field call per device however many signals come from fields,
 and adding a field-backed signal costs no NVML call at all (docs/performance.md).
@@ -37,6 +38,7 @@ class FieldBatch:
         self._numbers: Mapping[FieldKey, float] = {}
         self._read_at: float | None = None
         self._grown = False  # fields were added since the last read
+        self._served: set[str] = set()  # collectors (DeviceCalls.collector) given this answer
 
     def want(self, keys: Iterable[FieldKey]) -> None:
         """Add fields to the batch (from a collector's constructor or its first round)."""
@@ -62,9 +64,11 @@ class FieldBatch:
         """Ask NVML unless this round already did (and no field was added since)."""
         now = self._clock()
         fresh = self._read_at is not None and 0 <= now - self._read_at < self._fresh_for
-        if fresh and not self._grown:
+        if fresh and not self._grown and calls.collector not in self._served:
+            self._served.add(calls.collector)
             return
         self._grown = False
+        self._served = {calls.collector}
         self._values = calls.field_values(handle, tuple(self._wanted))
         self._numbers = {key: v.value for key, v in self._values.items()}
         self._read_at = self._clock()

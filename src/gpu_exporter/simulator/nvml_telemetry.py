@@ -45,6 +45,9 @@ COUNTER_FIELDS = {
 POWER_SMOOTHING_VALUES = {251: 1, 252: 0, 253: 0, 264: 0, 265: 0, 266: 5_000_000}
 MEMORY_TEMP_FIELD = 82
 TOTAL_ENERGY_FIELD = 83
+# NVML_FI_DEV_ECC_CURRENT and the single/double-bit volatile/aggregate totals.
+ECC_CURRENT_FIELD = 1
+ECC_FIELDS = frozenset({ECC_CURRENT_FIELD, 3, 4, 5, 6})
 RECOVERY_ACTION_FIELD = 230
 # Supported clock-event reasons: every bit but "display clock setting" on headless parts.
 SUPPORTED_REASONS = 0xFF
@@ -202,6 +205,19 @@ class TelemetryFunctions(FunctionsBase):
             _set(field, pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, int(seconds * 1e9))
         elif fid == MEMORY_TEMP_FIELD:
             _set(field, pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, gpu.temperature_c(self.now()) + 6)
+        elif fid in ECC_FIELDS:
+            if fid != ECC_CURRENT_FIELD and not gpu.spec.ecc:
+                field.nvmlReturn = NOT_SUPPORTED  # as nvmlDeviceGetTotalEccErrors with ECC off
+                return
+            errors = gpu.errors
+            counters = {
+                ECC_CURRENT_FIELD: int(gpu.spec.ecc),
+                3: errors.ecc_volatile["corrected"],
+                4: errors.ecc_volatile["uncorrected"],
+                5: errors.ecc_aggregate["corrected"],
+                6: errors.ecc_aggregate["uncorrected"],
+            }
+            _set(field, pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, counters[fid])
         elif fid == TOTAL_ENERGY_FIELD:
             _set(field, pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, int(1000 * gpu.energy_j))
         elif fid in INTERCONNECT_FIELDS:
