@@ -128,20 +128,26 @@ async def rig(node: SimulatedNode, short_dir: Path, pool: WorkerPool) -> AsyncIt
         proc_path=kubelet.proc_path,
         pod_logs_path=kubelet.pod_logs_path,
         clock=clock,
+        wall_clock=lambda: node.wall_origin + node.now(),  # NVML's sample times, in wall time
     )
     yield Rig(clock, node, kubelet, subsystem, collectors)
     await subsystem.stop()
     await kubelet.stop()
 
 
-async def run(rig: Rig, seconds: int) -> None:
-    """Each second: an update half way, then a sample, a kubelet poll and another update."""
+async def run(rig: Rig, seconds: int, *, processes: bool = False) -> None:
+    """Each second: an update half way, then a sample, a kubelet poll and another update; with
+    ``processes``, a process scan and a per-process activity read before the last update."""
     for _ in range(seconds):
         rig.clock.advance(SAMPLE_INTERVAL / 2)
         rig.subsystem.update()
         rig.clock.advance(SAMPLE_INTERVAL / 2)
         rig.sample()
         await rig.subsystem.poll()
+        if processes:
+            await rig.kubelet.refresh()
+            await rig.subsystem.scan_processes()
+            await rig.subsystem.sample_activity()
         rig.subsystem.update()
 
 
@@ -185,6 +191,30 @@ async def test_scripted_idle_time(rig: Rig) -> None:
     assert sum(allocated_flags.values()) == 5  # the notebook's GPU 4 is free again
 
 
+async def test_shared_devices_are_idle_per_pod_by_their_own_processes(rig: Rig) -> None:
+    rig.sample()
+    await rig.subsystem.poll()
+    rig.subsystem.update()
+    await run(rig, SECONDS, processes=True)
+    values = series(rig.subsystem.samples())
+    idle = per_pod(values, "gpu_allocated_idle_seconds_total")
+    # GPU 2, time-sliced: share-a computes 20 s of every 40 s (60 of the 100), share-b runs
+    # nothing at all: by the device rule both would accrue the device's 40 s.
+    assert idle["share-a"] == pytest.approx(40, abs=2 * SAMPLE_INTERVAL)
+    assert idle["share-b"] == pytest.approx(SECONDS, abs=2 * SAMPLE_INTERVAL)
+    # Whole GPUs and MIG instances keep the device rule.
+    assert idle["trainer"] == 0
+    assert idle["phases"] == pytest.approx(75, abs=SAMPLE_INTERVAL)
+    assert idle["mig-idle"] == pytest.approx(SECONDS, abs=SAMPLE_INTERVAL)
+    active = per_pod(values, "gpu_container_sm_active_seconds_total")
+    assert active["share-a"] == pytest.approx(60, abs=2 * SAMPLE_INTERVAL)
+    assert "share-b" not in active, "no process, no per-container activity series"
+    modes = {k.split('gpu="')[1][0]: k.split('mode="')[1].split('"')[0]
+             for k in named(values, "gpu_sharing_info")}  # fmt: skip
+    assert modes == {"0": "exclusive", "1": "exclusive", "2": "time_slicing", "3": "mig",
+                     "4": "unallocated"}  # fmt: skip
+
+
 async def test_memory_and_holders_through_the_simulated_host(rig: Rig) -> None:
     await run(rig, 35)  # the notebook arrives at 30 s
     await rig.kubelet.refresh()
@@ -212,10 +242,11 @@ async def test_builtin_scenario(rig: Rig) -> None:
     rig.sample()
     await rig.subsystem.poll()
     rig.subsystem.update()
-    await run(rig, 60)
+    await run(rig, 60, processes=True)
     values = series(rig.subsystem.samples())
     idle = per_pod(values, "gpu_allocated_idle_seconds_total")
     allocated = per_pod(values, "gpu_allocated_seconds_total")
+    active = per_pod(values, "gpu_container_sm_active_seconds_total")
     # The idle notebook accrues one second of idle time per second; the training job none.
     assert idle["jupyter-alice"] == pytest.approx(60, abs=SAMPLE_INTERVAL)
     assert idle["jupyter-alice"] == pytest.approx(allocated["jupyter-alice"], abs=SAMPLE_INTERVAL)
@@ -223,9 +254,17 @@ async def test_builtin_scenario(rig: Rig) -> None:
     assert allocated["llama-pretrain-0"] == pytest.approx(60, abs=SAMPLE_INTERVAL)  # per GPU
     assert idle["jupyter-bob"] == pytest.approx(60, abs=SAMPLE_INTERVAL)  # an idle MIG instance
     assert idle["finetune-small"] == 0
-    # The time-sliced inference GPU: both pods see the device's idle time.
-    assert idle["llm-serve-a"] == idle["llm-serve-b"]
-    assert 0 < idle["llm-serve-a"] < 60
+    # The time-sliced inference GPU: the idle pod accrues 1 s/s, the busy one none; the busy
+    # pod's own activity grows at its scenario rate (a kernel always resident: 1 s/s; the
+    # first read is a baseline, so a second less), the idle pod's stays flat.
+    assert idle["llm-serve-b"] == pytest.approx(60, abs=2 * SAMPLE_INTERVAL)
+    assert idle["llm-serve-a"] == 0
+    assert active["llm-serve-a"] == pytest.approx(60, abs=2 * SAMPLE_INTERVAL)
+    assert active["llm-serve-b"] == 0
+    modes = {k.split('gpu="')[1][0]: k.split('mode="')[1].split('"')[0]
+             for k in named(values, "gpu_sharing_info")}  # fmt: skip
+    assert modes == {**dict.fromkeys("01235", "exclusive"), "4": "time_slicing", "6": "mig",
+                     "7": "unallocated"}  # fmt: skip
     info = named(values, "gpu_allocation_info")
     assert len(info) == 10
     assert sum(named(values, "gpu_allocated").values()) == 9  # GPUs 0-5, 3 of 4 MIG; GPU 7 free

@@ -7,8 +7,12 @@ mean activity ``delta(seconds_total) / (b - a)``; when it is below the threshold
 follows the sampler's own intervals exactly, whatever the update cadence, and never exceeds the
 allocated counter.
 
-A time-sliced (or MPS-shared) device has one activity signal for the whole device: every pod
-sharing it accrues idle time together, and none accrues any while another pod keeps it busy.
+A *shared* device (several pods hold it, or it was allocated through time-slicing/MPS replica
+ids) where per-process activity is sampled is classified per pod instead: a pod is idle when its
+own processes' SM share (NVML per-process utilisation, "a kernel was resident", summed over its
+containers; see :mod:`.process_activity`) is below the threshold over the interval since its
+previous classification. Without per-process samples a shared device keeps the device rule: every
+pod on it accrues idle time together, and none while another pod keeps it busy.
 
 The signal is SM activity (GPM) where the device has it, else NVML utilisation ("a kernel was
 resident", which over-reports activity, so under-reports idle). A device with neither (a MIG
@@ -17,8 +21,9 @@ instance without GPM) accrues allocated time only and publishes no idle series.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 from ..devices import DeviceId, idle_activity_source
 from ..ledger import ActivityKind, ActivityLedger, ActivityPoint
@@ -32,6 +37,14 @@ def _kind_for(device: DeviceId) -> ActivityKind | None:
     return ActivityKind.UTILIZATION if source == "utilization" else ActivityKind.SM_ACTIVE
 
 
+class PodActivity(Protocol):
+    """Per-pod activity integrals on shared devices (the allocation's ContainerActivity)."""
+
+    def until(self, uuid: str) -> float | None: ...
+
+    def pod_seconds(self, uuid: str, pod: PodKey) -> float: ...
+
+
 @dataclass
 class PodUsage:
     """Counters of one pod on one device (all in seconds)."""
@@ -43,6 +56,7 @@ class PodUsage:
     idle: float = 0.0
     streak: float = 0.0
     released_at: float | None = None
+    own: tuple[float, float] | None = None  # (at, seconds) of its own activity, shared devices
 
 
 @dataclass
@@ -53,9 +67,15 @@ class _DeviceActivity:
 
 class IdleAccountant:
     def __init__(
-        self, ledger: ActivityLedger, threshold: float, *, retention: float = 300.0
+        self,
+        ledger: ActivityLedger,
+        threshold: float,
+        *,
+        retention: float = 300.0,
+        pods: PodActivity | None = None,
     ) -> None:
         self._ledger = ledger
+        self._pods = pods
         self._threshold = threshold
         # Released pods' counters stay published this long, so their last increase is scraped.
         self._retention = retention
@@ -63,8 +83,14 @@ class IdleAccountant:
         self._activity: dict[str, _DeviceActivity | None] = {}
         self._last: float | None = None
 
-    def update(self, now: float, held: Mapping[DeviceId, set[PodKey]]) -> None:
-        """Account the time since the previous update to the pods holding each device now."""
+    def update(
+        self,
+        now: float,
+        held: Mapping[DeviceId, set[PodKey]],
+        replicated: Collection[str] = (),
+    ) -> None:
+        """Account the time since the previous update to the pods holding each device now;
+        ``replicated``: uuids allocated through replica ids (shared even with one holder)."""
         resuming = self._last is None
         dt = 0.0 if self._last is None else max(0.0, now - self._last)
         self._last = now
@@ -74,7 +100,9 @@ class IdleAccountant:
                 key = (device.uuid, pod)
                 current.add(key)
                 self._hold(key, device, pod, now, dt, resuming)
-            self._classify(device, [self._usage[(device.uuid, pod)] for pod in pods])
+            usages = [self._usage[(device.uuid, pod)] for pod in pods]
+            shared = len(pods) > 1 or device.uuid in replicated
+            self._classify(device, usages, shared)
         self._release(current, now)
 
     def pause(self) -> None:
@@ -85,7 +113,10 @@ class IdleAccountant:
         return iter(self._usage.values())
 
     def has_idle_signal(self, uuid: str) -> bool:
-        return self._activity.get(uuid) is not None
+        return self._activity.get(uuid) is not None or self._own_signal(uuid)
+
+    def _own_signal(self, uuid: str) -> bool:
+        return self._pods is not None and self._pods.until(uuid) is not None
 
     def _hold(
         self,
@@ -109,22 +140,40 @@ class IdleAccountant:
         if resuming:  # activity during an outage belongs to no known holder
             usage.classified_until = max(usage.classified_until, now)
 
-    def _classify(self, device: DeviceId, usages: list[PodUsage]) -> None:
-        interval = self._next_interval(device)
+    def _classify(self, device: DeviceId, usages: list[PodUsage], shared: bool) -> None:
+        interval = self._next_interval(device)  # consumed either way, to stay current
+        if shared and self._classify_own(device, usages):
+            return
         if interval is None:
             return
-        start, end, mean = interval
         for usage in usages:
-            lo = max(start, usage.classified_until)
-            if end <= lo:
+            self._count(usage, *interval)
+
+    def _classify_own(self, device: DeviceId, usages: list[PodUsage]) -> bool:
+        """Each pod by its own processes' activity; False when the device has none sampled."""
+        until = self._pods.until(device.uuid) if self._pods is not None else None
+        if self._pods is None or until is None:
+            return False
+        for usage in usages:
+            seconds = self._pods.pod_seconds(device.uuid, usage.pod)
+            previous, usage.own = usage.own, (until, seconds)
+            if previous is None or until <= previous[0] or seconds < previous[1]:
                 continue
-            usage.classified_until = end
-            if mean < self._threshold:
-                span = min(end - lo, usage.allocated - usage.idle)
-                usage.idle += max(0.0, span)
-                usage.streak += end - lo
-            else:
-                usage.streak = 0.0
+            self._count(usage, previous[0], until, (seconds - previous[1]) / (until - previous[0]))
+        return True
+
+    def _count(self, usage: PodUsage, start: float, end: float, mean: float) -> None:
+        """Classify ``[start, end]`` (mean activity ``mean``) for one pod, once."""
+        lo = max(start, usage.classified_until)
+        if end <= lo:
+            return
+        usage.classified_until = end
+        if mean < self._threshold:
+            span = min(end - lo, usage.allocated - usage.idle)
+            usage.idle += max(0.0, span)
+            usage.streak += end - lo
+        else:
+            usage.streak = 0.0
 
     def _next_interval(self, device: DeviceId) -> tuple[float, float, float] | None:
         """The ledger interval since the last one consumed for ``device``, with its mean."""

@@ -17,7 +17,7 @@ ALLOCATED_SECONDS = counter(
 ALLOCATED_IDLE_SECONDS = counter(
     "gpu_allocated_idle_seconds_total",
     "Time the pod held the device while its activity was below --idle-threshold, in seconds "
-    "(SM activity, else NVML utilisation; shared by every pod on a time-sliced device).",
+    "(SM activity, else NVML utilisation; on a shared device, its own processes' share).",
 )
 IDLE_STREAK = gauge(
     "gpu_allocation_idle_streak_seconds",
@@ -26,6 +26,23 @@ IDLE_STREAK = gauge(
 CONTAINER_MEMORY = gauge(
     "gpu_container_memory_used_bytes",
     "Device memory used by the container's processes on the device, in bytes.",
+)
+CONTAINER_SM_ACTIVE = gauge(
+    "gpu_container_sm_active_ratio",
+    "Share of the last sampling window the container's processes had a kernel resident on the "
+    'device (NVML per-process utilisation; container="" sums processes of no known container).',
+)
+CONTAINER_SM_ACTIVE_SECONDS = counter(
+    "gpu_container_sm_active_seconds_total",
+    "Integral of gpu_container_sm_active_ratio over time, in seconds.",
+)
+CONTAINER_MEMORY_BANDWIDTH = gauge(
+    "gpu_container_memory_bandwidth_ratio",
+    "Share of the device's memory bandwidth the container's processes used in the last window.",
+)
+SHARING_INFO = gauge(
+    "gpu_sharing_info",
+    "How the GPU is shared (mode: exclusive, time_slicing, mps, mig, unallocated); always 1.",
 )
 
 UNRESOLVED = counter(
@@ -42,4 +59,8 @@ FAMILIES = (
     IDLE_STREAK,
     CONTAINER_MEMORY,
     UNRESOLVED,
+    CONTAINER_SM_ACTIVE,
+    CONTAINER_SM_ACTIVE_SECONDS,
+    CONTAINER_MEMORY_BANDWIDTH,
+    SHARING_INFO,
 )

@@ -53,6 +53,7 @@ class Allocations:
     unresolved: set[str] = field(default_factory=set)
     unresolved_claims: list[Unresolved] = field(default_factory=list)
     compute_domain_devices: int = 0  # IMEX channels held through DRA (not GPUs: skipped)
+    replicated: set[str] = field(default_factory=set)  # uuids held through replica ids (::n)
 
     def pods_by_device(self) -> dict[str, set[PodKey]]:
         held: dict[str, set[PodKey]] = {}
@@ -90,6 +91,9 @@ def resolve_snapshot(
             if device is None:
                 result.unresolved.add(raw)
                 continue
+            ref = parse_device_id(raw)
+            if ref is not None and ref.shared:
+                result.replicated.add(device.uuid)
             hold(Holding(device, entry.namespace, entry.pod, entry.container, entry.resource))
     claims = [c for c in snapshot.claims if (c.namespace, c.pod) != exclude]
     dra = resolve_claims(claims, devices, cdi or CdiIndex())

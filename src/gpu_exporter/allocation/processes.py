@@ -23,6 +23,7 @@ from .cgroups import CgroupOwner, PodName, read_pod_names, read_process_owner
 class GpuProcess:
     pid: int
     used_bytes: int | None
+    mps: bool = False  # an MPS client (nvmlDeviceGetMPSComputeRunningProcesses)
 
 
 ProcessLister = Callable[[Device], Sequence[GpuProcess]]
@@ -34,11 +35,13 @@ class OwnedProcess:
     pid: int
     used_bytes: int | None
     owner: CgroupOwner | None
+    mps: bool = False
 
 
 @dataclass
 class ScanResult:
     processes: list[OwnedProcess] = field(default_factory=list)
+    compute_modes: dict[str, int] = field(default_factory=dict)  # GPU uuid -> NVML_COMPUTEMODE_*
     pods: dict[str, PodName] = field(default_factory=dict)  # pod UID -> names
     failed: list[str] = field(default_factory=list)  # device uuids whose listing failed
 
@@ -63,7 +66,9 @@ class NvmlProcessLister:
             raise RuntimeError(f"{function}: {error}")
         if self._mps:
             mps_calls = self._calls(device)
-            self._list(mps_calls, pynvml.nvmlDeviceGetMPSComputeRunningProcesses, device, found)
+            self._list(
+                mps_calls, pynvml.nvmlDeviceGetMPSComputeRunningProcesses, device, found, mps=True
+            )
             self._mps = not mps_calls.failures
         return list(found.values())
 
@@ -78,13 +83,33 @@ class NvmlProcessLister:
 
     @staticmethod
     def _list(
-        calls: DeviceCalls, function: Any, device: Device, found: dict[int, GpuProcess]
+        calls: DeviceCalls,
+        function: Any,
+        device: Device,
+        found: dict[int, GpuProcess],
+        *,
+        mps: bool = False,
     ) -> dict[int, GpuProcess]:
         listed: Any = calls.get(function, device.handle)
         for info in listed or ():
             pid = int(info.pid)
-            found.setdefault(pid, GpuProcess(pid, _bytes(info.usedGpuMemory)))
+            known = found.get(pid)
+            used = _bytes(info.usedGpuMemory) if known is None else known.used_bytes
+            found[pid] = GpuProcess(pid, used, mps or (known is not None and known.mps))
         return found
+
+
+class ComputeModeReader:
+    """``nvmlDeviceGetComputeMode`` of a whole GPU (exclusive-process mode is what MPS needs)."""
+
+    def __init__(self, errors: ErrorCounter | None = None) -> None:
+        self._support = SupportRegistry()
+        self._errors = errors or ErrorCounter()
+
+    def __call__(self, device: Device) -> int | None:
+        calls = DeviceCalls(device.uuid, self._support, self._errors, collector="allocation")
+        mode: Any = calls.get(pynvml.nvmlDeviceGetComputeMode, device.handle)
+        return None if mode is None else int(mode)
 
 
 def _bytes(value: Any) -> int | None:
@@ -97,18 +122,24 @@ def scan(
     proc_path: Path,
     pod_logs_path: Path,
     known_pods: Iterable[str],
+    compute_mode: Callable[[Device], int | None] | None = None,
 ) -> ScanResult:
     """List processes per device, find their pods; reads pod names only for unknown UIDs."""
     result = ScanResult()
     for device in devices:
         try:
+            mode = compute_mode(device) if compute_mode and not device.id.is_mig else None
+            if mode is not None:
+                result.compute_modes[device.uuid] = mode
             processes = lister(device)
         except Exception:  # DeviceLost included: the sampler handles the GPU; skip its processes
             result.failed.append(device.uuid)
             continue
         for process in processes:
             owner = read_process_owner(proc_path, process.pid)
-            result.processes.append(OwnedProcess(device.id, process.pid, process.used_bytes, owner))
+            result.processes.append(
+                OwnedProcess(device.id, process.pid, process.used_bytes, owner, process.mps)
+            )
     uids = {p.owner.pod_uid for p in result.processes if p.owner is not None}
     if not uids <= set(known_pods):
         result.pods = read_pod_names(pod_logs_path)

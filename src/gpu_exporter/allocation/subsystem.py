@@ -12,7 +12,10 @@ Three background loops feed series the sampler renders (this is a SampleSource):
   (see :mod:`.accounting`) and the holder history used to attribute events (:meth:`holder`).
 - *processes* (every ``process_interval``): GPU processes (NVML, on a worker thread) to their
   pods and containers through the host's ``/proc`` and pod log directories, for
-  ``gpu_container_memory_used_bytes`` and PID-based attribution.
+  ``gpu_container_memory_used_bytes``, PID-based attribution, MPS clients and compute modes.
+- *activity* (every ``poll_interval``, with *processes*): per-process utilisation samples (NVML,
+  on a worker thread) summed per container (:mod:`.process_activity`), for
+  ``gpu_container_sm_active_*`` and the per-pod idle rule on shared devices.
 
 Nothing here runs on the scrape path: :meth:`samples` returns the list the last update built.
 """
@@ -48,15 +51,21 @@ from .metrics import (
     ALLOCATED_SECONDS,
     ALLOCATION_INFO,
     CONTAINER_MEMORY,
+    CONTAINER_MEMORY_BANDWIDTH,
+    CONTAINER_SM_ACTIVE,
+    CONTAINER_SM_ACTIVE_SECONDS,
     FAMILIES,
     IDLE_STREAK,
+    SHARING_INFO,
     UNRESOLVED,
 )
 from .model import Allocations, PodKey, resolve_snapshot
 from .podresources import PodResourcesClient, PodResourcesError, PodResourcesSnapshot
-from .processes import NvmlProcessLister, ProcessLister, ScanResult, scan
+from .process_activity import ContainerActivity, Owner, ProcessSample, ProcessUtilizationReader
+from .processes import ComputeModeReader, NvmlProcessLister, ProcessLister, ScanResult, scan
 from .rightsizing import FAMILIES as RIGHTSIZING_FAMILIES
 from .rightsizing import RightSizer
+from .sharing import sharing_modes
 
 T = TypeVar("T")
 _log = get_logger("allocation")
@@ -81,6 +90,7 @@ class Executor(Protocol):
 class _PidOwner:
     pod: PodKey
     seen: float  # wall time
+    container: str = ""
 
 
 class AllocationSubsystem:
@@ -104,6 +114,7 @@ class AllocationSubsystem:
         process_interval: float | None = 5.0,
         call_timeout: float = 2.0,
         process_lister: ProcessLister | None = None,
+        utilization_reader: Callable[[Device], list[ProcessSample] | None] | None = None,
         errors: ErrorCounter | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
@@ -121,9 +132,15 @@ class AllocationSubsystem:
         self._intervals = (poll_interval, update_interval, process_interval)
         self._scan_timeout = max(call_timeout, 5.0)
         self._lister = process_lister or NvmlProcessLister(errors)
+        self._compute_mode = ComputeModeReader(errors)
+        self._reader = utilization_reader or ProcessUtilizationReader(errors)
+        self._activity = ContainerActivity()
+        self._activity_future: concurrent.futures.Future[Any] | None = None
+        self._mps: set[str] = set()  # uuids with MPS clients at the last scan
+        self._compute_modes: dict[str, int] = {}
         self._clock = clock
         self._wall_clock = wall_clock
-        self._accountant = IdleAccountant(ledger, idle_threshold)
+        self._accountant = IdleAccountant(ledger, idle_threshold, pods=self._activity)
         # Peak memory and the smallest fitting MIG profile per allocation (sampler.mig_profiles).
         self._rightsizer = RightSizer(ledger, mig_profiles or MigProfileBook())
         self._history = HolderHistory(slack=poll_interval + update_interval)
@@ -135,7 +152,7 @@ class AllocationSubsystem:
         self._pids: dict[int, _PidOwner] = {}
         self._memory: list[Sample] = []
         self._samples: list[Sample] = []
-        self._scan_future: concurrent.futures.Future[ScanResult] | None = None
+        self._scan_future: concurrent.futures.Future[Any] | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
         self._polled = asyncio.Event()
@@ -152,6 +169,7 @@ class AllocationSubsystem:
         ]
         if processes is not None:  # None: per-container memory is off (no host /proc needed)
             self._tasks.append(asyncio.create_task(self._every(processes, self.scan_processes)))
+            self._tasks.append(asyncio.create_task(self._every(poll, self.sample_activity)))
 
     async def stop(self) -> None:
         # Python 3.11 can lose a cancellation that races a finishing await; the flag still ends
@@ -226,7 +244,7 @@ class AllocationSubsystem:
         )
         self._note_unresolved(allocations)
         held = _held(allocations)
-        self._accountant.update(self._clock(), held)
+        self._accountant.update(self._clock(), held, allocations.replicated)
         self._rightsizer.update(self._clock(), held)
         self._history.observe(self._wall_clock(), held)
         self._allocations = allocations
@@ -238,20 +256,53 @@ class AllocationSubsystem:
             return  # an NVML call hung in the previous scan; do not pile up threads
         devices = [d for d in self._devices() if d.id.is_mig or d.id.mig_mode != "enabled"]
         job = partial(
-            scan, devices, self._lister, self._proc_path, self._pod_logs_path, set(self._pod_names)
+            scan,
+            devices,
+            self._lister,
+            self._proc_path,
+            self._pod_logs_path,
+            set(self._pod_names),
+            self._compute_mode,
         )
-        try:
-            future = self._scan_future = self._executor.submit(job)
-        except (PoolExhausted, RuntimeError) as exc:
-            self._warn("scan-submit", "process scan not started", error=str(exc))
+        result = await self._run("scan", job)
+        if result is not None:
+            self._apply_scan(result)
+
+    async def sample_activity(self) -> None:
+        """Read new per-process utilisation samples (worker thread) and sum them per container."""
+        if self._activity_future is not None and not self._activity_future.done():
             return
+        devices = [d for d in self._devices() if not d.id.is_mig and d.id.mig_mode != "enabled"]
+        result = await self._run("activity", partial(_read_samples, devices, self._reader))
+        if result is None:
+            return
+        now, wall_now = self._clock(), self._wall_clock()
+        for device, samples in result:
+            self._activity.add(device, samples, self._owner_of, now=now, wall_now=wall_now)
+        self._rebuild()
+
+    def _owner_of(self, pid: int) -> Owner | None:
+        owner = self._pids.get(pid)
+        return None if owner is None else (*owner.pod, owner.container)
+
+    async def _run(self, name: str, job: Callable[[], T]) -> T | None:
+        """``job`` on the worker pool, given up after the scan timeout (a hung NVML call)."""
+        try:
+            future = self._executor.submit(job)
+        except (PoolExhausted, RuntimeError) as exc:
+            self._warn(f"{name}-submit", f"{name} not started", error=str(exc))
+            return None
+        if name == "scan":
+            self._scan_future = future
+        else:
+            self._activity_future = future
         wrapped = asyncio.wrap_future(future)
         done, _ = await asyncio.wait({wrapped}, timeout=self._scan_timeout)
         if not done:
             self._executor.abandon(future)
-            self._warn("scan-timeout", "process scan timed out", timeout_s=self._scan_timeout)
-            return
-        self._apply_scan(wrapped.result())
+            self._warn(f"{name}-timeout", f"{name} timed out", timeout_s=self._scan_timeout)
+            return None
+        return wrapped.result()
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -283,14 +334,16 @@ class AllocationSubsystem:
         if result.failed:
             self._warn("scan-failed", "process listing failed", uuids=result.failed)
         now = self._wall_clock()
+        self._mps = {p.device.uuid for p in result.processes if p.mps}
+        self._compute_modes = result.compute_modes
         memory: dict[tuple[DeviceId, str, str, str], list[int | None]] = {}
         for process in result.processes:
             names = self._pod_names.get(process.owner.pod_uid) if process.owner else None
             if names is None:
                 continue  # not in a pod (a host process), or a pod not yet in the log directory
             pod = (names.namespace, names.pod)
-            self._pids[process.pid] = _PidOwner(pod, now)
             container = self._container(process.device, pod, names)
+            self._pids[process.pid] = _PidOwner(pod, now, container)
             key = (process.device, names.namespace, names.pod, container)
             memory.setdefault(key, []).append(process.used_bytes)
         self._pids = {p: o for p, o in self._pids.items() if now - o.seen < PID_RETENTION}
@@ -341,8 +394,31 @@ class AllocationSubsystem:
         samples.extend(self._unresolved.samples())
         if self._up:
             samples.extend(self._allocation_samples())
+            samples.extend(self._sharing_samples())
         samples.extend(self._memory)
+        samples.extend(self._activity_samples())
         self._samples = samples
+
+    def _sharing_samples(self) -> Iterable[Sample]:
+        gpus = {d.id.uuid: d.id for d in self._devices() if not d.id.is_mig}
+        modes = sharing_modes(
+            gpus.values(),
+            self._allocations.pods_by_device(),
+            self._allocations.replicated,
+            self._mps,
+            self._compute_modes,
+        )
+        for gpu, mode in modes.items():
+            yield Sample(SHARING_INFO, join_labels(gpu.labels, label_string({"mode": mode})), 1)
+
+    def _activity_samples(self) -> Iterable[Sample]:
+        for activity in self._activity.owners():
+            namespace, pod, container = activity.owner
+            extra = label_string({"namespace": namespace, "pod": pod, "container": container})
+            labels = join_labels(activity.device.labels, extra)
+            yield Sample(CONTAINER_SM_ACTIVE, labels, activity.sm_ratio)
+            yield Sample(CONTAINER_SM_ACTIVE_SECONDS, labels, activity.sm_seconds)
+            yield Sample(CONTAINER_MEMORY_BANDWIDTH, labels, activity.memory_ratio)
 
     def _allocation_samples(self) -> Iterable[Sample]:
         held = self._allocations.pods_by_device()
@@ -387,6 +463,21 @@ class _UnresolvedCounts:
     def samples(self) -> Iterable[Sample]:
         for reason, total in self._totals.items():
             yield Sample(UNRESOLVED, label_string({"reason": reason}), float(total))
+
+
+def _read_samples(
+    devices: Iterable[Device], reader: Callable[[Device], list[ProcessSample] | None]
+) -> list[tuple[DeviceId, list[ProcessSample]]]:
+    """New samples per device that has the signal (worker thread); a failing device is skipped."""
+    found: list[tuple[DeviceId, list[ProcessSample]]] = []
+    for device in devices:
+        try:
+            samples = reader(device)
+        except Exception:  # DeviceLost included: the sampler handles the GPU itself
+            continue
+        if samples is not None:
+            found.append((device.id, samples))
+    return found
 
 
 def _held(allocations: Allocations) -> dict[DeviceId, set[PodKey]]:
