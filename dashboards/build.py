@@ -418,6 +418,20 @@ def fleet() -> dict[str, Any]:
 SEL = INSTANCE + ', gpu=~"$gpu"'
 
 
+SHARED_METRICS = ("gpu_container_sm_active_ratio", "gpu_container_memory_used_bytes")
+SHARED_JOIN = (
+    "* on (instance, uuid) group_left (mode) "
+    'gpu_sharing_info{mode=~"time_slicing|mps", ' + SEL + "}"
+)
+
+
+def _unit_override(field: str, unit: str) -> dict[str, Any]:
+    return {
+        "matcher": {"id": "byName", "options": field},
+        "properties": [{"id": "unit", "value": unit}],
+    }
+
+
 def node() -> dict[str, Any]:
     rate = "[$__rate_interval]"
     items: list[Item] = [
@@ -616,6 +630,25 @@ def node() -> dict[str, Any]:
             [Query("gpu_container_memory_used_bytes{" + SEL + "}")],
             "bytes",
             width=12,
+        ),
+        Panel(
+            "table",
+            "Shared GPUs: each holder's activity and memory",
+            [Query(f"{metric}{{{SEL}}} {SHARED_JOIN}") for metric in SHARED_METRICS],
+            "none",
+            width=24,
+            description="Time-sliced and MPS GPUs (gpu_sharing_info), one row per container: "
+            "its own processes' SM share (NVML per-process 'kernel resident' share; container "
+            "'' sums processes of no known container) and device memory.",
+            extra={
+                "fieldConfig": {
+                    "defaults": {"unit": "none"},
+                    "overrides": [
+                        _unit_override("Value #A", "percentunit"),
+                        _unit_override("Value #B", "bytes"),
+                    ],
+                }
+            },
         ),
     ]
     variables = _variables(

@@ -55,8 +55,8 @@ TOLERANCE = 0.02  # relative, for the ground-truth comparisons
 
 # ---- the simulated fleet (demo/scenarios/node-*.yaml) and its ground truth ----------------------
 SCENARIOS = {name: DEMO / "scenarios" / f"{name}.yaml" for name in ("node-a", "node-b", "node-c")}
-# Capacity in whole GPUs: A 4, B 1 + (3+2+1+1)/7, C 2 = 8; allocated: A 4, B 1 + 5/7, C 1.
-TRUE_ALLOCATED = (4 + 1 + 5 / 7 + 1) / 8
+# Capacity in whole GPUs: A 4, B 1 + (3+2+1+1)/7, C 2 = 8; allocated: A 4, B 1 + 5/7, C 2.
+TRUE_ALLOCATED = (4 + 1 + 5 / 7 + 2) / 8
 # SM activity over the capacity that reports it (A 4, B 2; C has no GPM):
 TRUE_SM_ACTIVE = (0.8 + 0.8 + 0.0 + 0.1 + 0.5 + 0.6 * 3 / 7 + 0.3 * 2 / 7) / 6
 
@@ -72,7 +72,8 @@ NVLINK_DOWN = {"type": "nvlink_down", "gpu": 3, "link": 5}
 PCIE_DOWNTRAIN = {"type": "pcie_downtrain", "gpu": 1, "width": 8}
 ALLOCATION_METRICS = (
     "gpu_alloc",
-    "gpu_container_memory",
+    "gpu_container_",
+    "gpu_sharing_info",
     "namespace:",
     "fleet:gpu_allocated",
     "fleet:gpu_allocation_activity_gap",
