@@ -215,6 +215,40 @@ async def test_shared_devices_are_idle_per_pod_by_their_own_processes(rig: Rig) 
                      "4": "unallocated"}  # fmt: skip
 
 
+MPS = """
+gpus: [{model: H100-SXM-80GB, compute_mode: exclusive_process}]
+workloads:
+  - {gpu: 0, pod: client-a, namespace: web, container: srv, pid: 2001, sm: 0.5, mps: true}
+  - {gpu: 0, pod: client-b, namespace: web, container: srv, pid: 2002, sm: idle, mps: true}
+allocations:
+  - {gpu: 0, replica: 0, pod: client-a, namespace: web, container: srv,
+     resource: nvidia.com/gpu.shared}
+  - {gpu: 0, replica: 1, pod: client-b, namespace: web, container: srv,
+     resource: nvidia.com/gpu.shared}
+"""
+
+
+@pytest.mark.parametrize("node", [MPS], indirect=True, ids=["mps"])
+async def test_an_mps_gpu_and_its_clients(rig: Rig) -> None:
+    rig.sample()
+    await rig.subsystem.poll()
+    rig.subsystem.update()
+    await run(rig, 20, processes=True)
+    values = series(rig.subsystem.samples())
+    assert [k.split('mode="')[1].split('"')[0] for k in named(values, "gpu_sharing_info")] == [
+        "mps"
+    ]
+    active = per_pod(values, "gpu_container_sm_active_seconds_total")
+    assert active["client-a"] == pytest.approx(20, abs=2 * SAMPLE_INTERVAL)
+    assert active["client-b"] == 0
+    idle = per_pod(values, "gpu_allocated_idle_seconds_total")
+    assert idle["client-b"] == pytest.approx(20, abs=2 * SAMPLE_INTERVAL)
+    assert idle["client-a"] == 0
+    # The MPS control server is a host process (no pod): its share, 0, is summed under "".
+    memory = named(values, "gpu_container_memory_used_bytes")
+    assert all('pod="client' in k for k in memory), "the server belongs to no pod"
+
+
 async def test_memory_and_holders_through_the_simulated_host(rig: Rig) -> None:
     await run(rig, 35)  # the notebook arrives at 30 s
     await rig.kubelet.refresh()
