@@ -137,7 +137,8 @@ def _holders_cell(device: DeviceStatus) -> str:
 def _holder(holder: Holder) -> str:
     extra = []
     if holder.sm_active is not None:
-        extra.append(f"SM {holder.sm_active * 100:.0f}%")
+        # NVML's per-process SM utilisation (docs/allocation.md), not GPM SM activity.
+        extra.append(f"util {holder.sm_active * 100:.0f}%")
     if holder.memory_used_bytes is not None:
         extra.append(_gib(holder.memory_used_bytes))
     if holder.idle_seconds:
@@ -168,12 +169,14 @@ def _links(device: DeviceStatus) -> str:
     parts = []
     if link.nvlink_links:
         cls = "bad" if link.nvlink_active != link.nvlink_links else ""
-        parts.append(f'<span class="{cls}">NVLink {link.nvlink_active}/{link.nvlink_links}</span>')
+        parts.append(
+            f'<span class="nowrap {cls}">NVLink {link.nvlink_active}/{link.nvlink_links}</span>'
+        )
     if link.pcie_width is not None:
         narrow = link.pcie_max_width is not None and link.pcie_width < link.pcie_max_width
         width = f"x{link.pcie_width:.0f}" + (f"/x{link.pcie_max_width:.0f}" if narrow else "")
         gen = f"Gen{link.pcie_generation:.0f}" if link.pcie_generation is not None else ""
-        parts.append(f'<span class="{"bad" if narrow else ""}">PCIe {gen} {width}</span>')
+        parts.append(f'<span class="nowrap{" bad" if narrow else ""}">PCIe {gen} {width}</span>')
     return "<br>".join(parts)
 
 
