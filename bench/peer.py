@@ -52,6 +52,7 @@ from loadgen import percentile
 PEER = "nvitop-exporter"
 OURS = "gpu-exporter"
 OURS_NO_KUBELET = "gpu-exporter --no-allocation"
+OURS_BEFORE = "gpu-exporter before"  # --before-src: another checkout's src/, in the same windows
 MODES = ("keep-alive", "new connection")
 
 
@@ -128,14 +129,19 @@ def free_port() -> int:
         return port
 
 
-def start_ours(name: str, scenario: Path, work: Path, extra: list[str]) -> Server:
+def start_ours(
+    name: str, scenario: Path, work: Path, extra: list[str], src: Path | None = None
+) -> Server:
     work.mkdir(parents=True, exist_ok=True)
     (work / "state").mkdir(exist_ok=True)
     (work / "kmsg").touch()
     meter = work / "sim-meter.json"
     flags = exporter_args(scenario, work, extra)
     command = [sys.executable, str(BENCH / "exporter_main.py"), *flags]
-    proc = start_exporter(command, {"BENCH_SIM_METER": str(meter)})
+    env = {"BENCH_SIM_METER": str(meter)}
+    if src is not None:
+        env["PYTHONPATH"] = str(src)
+    proc = start_exporter(command, env)
     wait_ready(proc)
     return Server(name, proc, meter)
 
@@ -283,9 +289,16 @@ def measure_scrapes(
 
 
 def compare(
-    scenario: Path, profile: PeerProfile, *, no_kubelet: bool = True, extra: list[str] | None = None
+    scenario: Path,
+    profile: PeerProfile,
+    *,
+    no_kubelet: bool = True,
+    extra: list[str] | None = None,
+    before_src: Path | None = None,
 ) -> dict[str, Any]:
-    """Start the servers, measure idle then scrapes, and stop them; every number in one dict."""
+    """Start the servers, measure idle then scrapes, and stop them; every number in one dict.
+
+    ``before_src``: also an exporter from that ``src/`` directory (a before/after in one run)."""
     extra = list(extra or [])
     servers: list[Server] = []
     with tempfile.TemporaryDirectory(prefix="bench-peer-") as tmp:
@@ -296,6 +309,10 @@ def compare(
             if no_kubelet:
                 lean = [*extra, "--no-allocation"]
                 servers.append(start_ours(OURS_NO_KUBELET, scenario, work / "lean", lean))
+            if before_src is not None:
+                servers.append(
+                    start_ours(OURS_BEFORE, scenario, work / "before", extra, before_src)
+                )
             time.sleep(profile.settle_seconds)
             sizes = {s.name: exposition_stats(s) for s in servers}
             log(
@@ -305,7 +322,7 @@ def compare(
             idle = measure_idle(servers, profile.idle_windows, profile.idle_seconds)
             idle_rss = {s.name: proc_status_kib(s.proc.pid, "VmHWM") / 1024 for s in servers}
             log(f"peer: scrapes, {profile.scrape_turns} turns of {profile.scrape_burst} s per mode")
-            scraped = [s for s in servers if s.name != OURS_NO_KUBELET]
+            scraped = [s for s in servers if s.name not in (OURS_NO_KUBELET, OURS_BEFORE)]
             scrapes = measure_scrapes(scraped, idle, profile.scrape_turns, profile.scrape_burst)
             rss = {s.name: proc_status_kib(s.proc.pid, "VmHWM") / 1024 for s in servers}
         finally:
@@ -433,8 +450,10 @@ if __name__ == "__main__":
     parser.add_argument("--scenario", type=Path, default=BENCH / "scenarios" / "gpu8.yaml")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--before-src", type=Path, help="also run the exporter from this src/")
     args = parser.parse_args()
-    data = compare(args.scenario, PEER_QUICK if args.quick else PEER_FULL)
+    profile = PEER_QUICK if args.quick else PEER_FULL
+    data = compare(args.scenario, profile, before_src=args.before_src)
     print(peer_table(data), end="")
     if args.out:
         args.out.write_text(json.dumps(data, indent=1) + "\n")

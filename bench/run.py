@@ -705,6 +705,11 @@ def main(argv: list[str] | None = None) -> int:
         choices=list(SHAPES),
         help="node shape of the nvitop-exporter comparison",
     )
+    parser.add_argument(
+        "--peer-before-src",
+        type=Path,
+        help="also run, in the peer comparison's windows, the exporter from this src/ directory",
+    )
     parser.add_argument("--out", type=Path, default=BENCH / "results" / "latest.json")
     parser.add_argument(
         "--markdown",
@@ -752,7 +757,9 @@ def main(argv: list[str] | None = None) -> int:
     if "peer" not in skip:
         log(f"peer: gpu-exporter and nvitop-exporter on {args.peer_shape}, taking turns")
         peer_profile = PEER_QUICK if args.quick else PEER_FULL
-        report["peer"] = compare(SHAPES[args.peer_shape][1], peer_profile)
+        report["peer"] = compare(
+            SHAPES[args.peer_shape][1], peer_profile, before_src=args.peer_before_src
+        )
     report["goals"] = goals(report["shapes"]) + peer_goals(report.get("peer"))
     report["elapsed_seconds"] = round(time.monotonic() - started, 1)
     print_report(report)
