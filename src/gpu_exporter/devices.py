@@ -16,7 +16,15 @@ import pynvml
 
 from .exposition import label_string
 from .migprofiles import profile_from_attributes
-from .nvml import DeviceCalls, DeviceLost, ErrorCounter, SupportRegistry, error_name
+from .nvml import (
+    DeviceCalls,
+    DeviceLost,
+    ErrorCounter,
+    NvmlUnavailable,
+    SupportRegistry,
+    error_name,
+)
+from .nvml.errors import is_unavailable
 
 
 @dataclass(frozen=True)
@@ -127,6 +135,18 @@ class SystemInfo:
 
 def _text(value: Any) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def init_nvml() -> SystemInfo:
+    """``nvmlInit`` (blocking: a worker thread), then the system's versions and GPU count.
+    :class:`NvmlUnavailable` when there is no library or driver to use at all."""
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        if is_unavailable(exc):
+            raise NvmlUnavailable(str(exc)) from exc
+        raise
+    return read_system_info()
 
 
 def read_system_info() -> SystemInfo:

@@ -7,7 +7,6 @@ import asyncio
 import concurrent.futures
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import suppress
 from functools import partial
 from typing import Any
 
@@ -15,7 +14,7 @@ import pynvml
 
 from ..collectors import ALL_COLLECTORS, Cadence, Collector, CollectorContext
 from ..config import Config
-from ..devices import Device, DeviceId, Gpu, SystemInfo, discover_gpu, read_system_info
+from ..devices import Device, DeviceId, Gpu, SystemInfo, discover_gpu, init_nvml
 from ..exposition import Exposition, Sample, render
 from ..ledger import ActivityLedger
 from ..logs import RateLimitedLog, get_logger
@@ -23,16 +22,14 @@ from ..migprofiles import MigProfileBook
 from ..nvml import (
     DeviceLost,
     ErrorCounter,
-    NvmlUnavailable,
     PoolExhausted,
     SupportRegistry,
     WorkerPool,
     error_name,
 )
-from ..nvml.errors import is_unavailable
 from ..ticks import ticks
 from .health import loops_healthy, problems
-from .jobs import Job, JobOutcome, Pending, make_jobs, run_job, settle
+from .jobs import Job, JobOutcome, Pending, close_jobs, make_jobs, run_job, settle
 from .liveness import GpuState, Liveness
 from .rendering import IdentityCache, all_samples, family_order
 from .selfmetrics import SelfMetrics
@@ -89,7 +86,7 @@ class Sampler:
         With ``background=False`` no loop runs: the caller drives rounds with
         :meth:`sample_round` (the benchmark and deterministic tests do).
         """
-        self._system = await self._blocking(self._init_nvml, self._config.init_timeout)
+        self._system = await self._blocking(init_nvml, self._config.init_timeout)
         self._nvml_up = True
         for index in range(self._system.gpu_count):
             self._gpus.append(await self._discover_initial(index))
@@ -178,16 +175,6 @@ class Sampler:
             await self.wait_for_render()
 
     # -- startup -----------------------------------------------------------------------------
-
-    @staticmethod
-    def _init_nvml() -> SystemInfo:
-        try:
-            pynvml.nvmlInit()
-        except pynvml.NVMLError as exc:
-            if is_unavailable(exc):
-                raise NvmlUnavailable(str(exc)) from exc
-            raise
-        return read_system_info()
 
     async def _discover_initial(self, index: int) -> GpuState:
         try:
@@ -343,7 +330,7 @@ class Sampler:
         if not state.lose(self._clock()):
             return
         _log.error("gpu lost; its series are withdrawn", gpu=state.index, function=exc.function)
-        self._close_jobs(state.jobs)
+        close_jobs(self._pool, state.jobs)
         state.jobs = []
         if state.gpu is not None:
             for device in state.gpu.devices():
@@ -438,7 +425,7 @@ class Sampler:
         # What the GPU lacked may have been its MIG layout (remapped rows, utilisation, aggregate
         # memory answer NotSupported while instances exist): learn it again, once.
         self._support.forget(gpu.device.uuid)
-        self._close_jobs(state.jobs)
+        close_jobs(self._pool, state.jobs)
         self._identities.clear()
         state.gpu, state.jobs = gpu, self._make_jobs(gpu)
 
@@ -455,15 +442,6 @@ class Sampler:
 
     def _discovery(self, index: int) -> Callable[[], Gpu]:
         return partial(discover_gpu, index, self._support, self._errors)
-
-    def _close_jobs(self, jobs: list[Job]) -> None:
-        def close_all() -> None:
-            for job in jobs:
-                with suppress(Exception):  # the device may be gone; nothing left to release
-                    job.collector.close(job.calls)
-
-        with suppress(PoolExhausted, RuntimeError):
-            self._pool.submit(close_all)
 
     # -- rendering ---------------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ from typing import Any
 from ..collectors import Collector, CollectorContext, SampleWriter
 from ..devices import Gpu
 from ..exposition import Sample
-from ..nvml import DeviceCalls, ErrorCounter, SupportRegistry
+from ..nvml import DeviceCalls, ErrorCounter, PoolExhausted, SupportRegistry, WorkerPool
 
 
 @dataclass
@@ -73,6 +73,18 @@ def make_jobs(
                 )
                 jobs.append(Job(collector, calls))
     return jobs
+
+
+def close_jobs(pool: WorkerPool, jobs: list[Job]) -> None:
+    """Release what the jobs' collectors hold, on a worker thread (NVML calls), best effort."""
+
+    def close_all() -> None:
+        for job in jobs:
+            with suppress(Exception):  # the device may be gone; nothing left to release
+                job.collector.close(job.calls)
+
+    with suppress(PoolExhausted, RuntimeError):
+        pool.submit(close_all)
 
 
 def run_job(job: Job) -> JobOutcome:
