@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import socket
 import subprocess
 import sys
@@ -20,7 +21,9 @@ def exporter(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def error_line(result: subprocess.CompletedProcess[str]) -> str:
-    lines = [line for line in result.stderr.splitlines() if line.startswith("gpu-exporter:")]
+    # Searched, not matched per line: a worker thread's log line may still be half written when
+    # the CLI prints its error, so the error need not start a line.
+    lines = re.findall(r"gpu-exporter: error: [^\n]*", result.stderr)
     assert len(lines) == 1, f"one error line expected, stderr was:\n{result.stderr}"
     assert "Traceback" not in result.stderr, result.stderr
     return lines[0]
