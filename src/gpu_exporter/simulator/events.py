@@ -233,12 +233,15 @@ def _release(body: Mapping[str, Any], path: str, gpus: Sequence[GpuSpec]) -> Par
 
 
 def _hang(body: Mapping[str, Any], path: str, gpus: Sequence[GpuSpec]) -> Params:
+    from gpu_exporter.simulator.dcgm_library import DCGM_FUNCTIONS
     from gpu_exporter.simulator.library import C_FUNCTIONS  # the library needs this module
 
     if "function" not in body and "gpu" not in body:
         raise Invalid(path or "event", "a hang needs a function, a gpu, or both")
     params: Params = {
-        "function": s.choice(body["function"], s.key(path, "function"), C_FUNCTIONS)
+        "function": s.choice(
+            body["function"], s.key(path, "function"), C_FUNCTIONS | DCGM_FUNCTIONS
+        )
         if "function" in body
         else None,  # every call on the GPU: the device itself is stuck
         "gpu": gpu_index(body["gpu"], s.key(path, "gpu"), gpus) if "gpu" in body else None,
@@ -361,6 +364,18 @@ def _fabric_degraded(body: Mapping[str, Any], path: str, gpus: Sequence[GpuSpec]
     return {"gpus": indices, "health": health}
 
 
+def _dcgm_restart(body: Mapping[str, Any], path: str, gpus: Sequence[GpuSpec]) -> Params:
+    """The node's DCGM host engine dies and comes back after ``downtime`` (default at once)."""
+    return {"downtime": parse_duration(body.get("downtime", 0), s.key(path, "downtime"))}
+
+
+def _dcgm_profiling(body: Mapping[str, Any], path: str, gpus: Sequence[GpuSpec]) -> Params:
+    """Another process (Nsight, a second engine) takes the GPU's profiling counters, or frees
+    them: DCGM watches then fail with IN_USE and watched fields read blank."""
+    state = s.choice(body.get("state", "in_use"), s.key(path, "state"), ("in_use", "free"))
+    return {"gpus": targets(body, path, gpus), "state": state}
+
+
 def _type(keys: set[str], required: set[str], validate: Validator) -> EventType:
     return EventType(frozenset(keys), frozenset(required), validate)
 
@@ -385,6 +400,8 @@ EVENT_TYPES: Mapping[str, EventType] = {
     "mig_reconfigure": _type({"gpu", "mig"}, {"gpu", "mig"}, _mig_reconfigure),
     "allocate": _type({*ALLOCATION_KEYS, "workload"}, {"gpu", "pod"}, _allocate),
     "release": _type({"pod", "namespace", "gpu"}, {"pod"}, _release),
+    "dcgm_restart": _type({"downtime"}, set(), _dcgm_restart),
+    "dcgm_profiling": _type({"gpu", "state"}, _GPU, _dcgm_profiling),
     "hang": _type({"function", "gpu", "duration"}, set(), _hang),
     "unhang": _type({"function", "gpu"}, set(), _unhang),
     "nvlink_down": _type({"gpu", "link"}, _GPU, _nvlink_down),
