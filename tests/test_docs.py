@@ -9,6 +9,7 @@ from gpu_exporter import identity, pci, sampler, xid
 from gpu_exporter.allocation import metrics as allocation_metrics
 from gpu_exporter.cli import build_parser
 from gpu_exporter.collectors import ALL_COLLECTORS
+from gpu_exporter.dcgm import service as dcgm_service
 from gpu_exporter.exposition import Family
 
 README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
@@ -18,6 +19,7 @@ def code_families() -> list[Family]:
     families = [*identity.FAMILIES, *sampler.SELF_FAMILIES, *xid.FAMILIES]
     families += allocation_metrics.FAMILIES
     families += pci.ExpectedGpus.families
+    families += dcgm_service.FAMILIES
     for collector in ALL_COLLECTORS:
         families += collector.families
     return families

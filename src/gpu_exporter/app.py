@@ -10,12 +10,15 @@ import tempfile
 from collections.abc import Awaitable, Callable, Iterable
 from contextlib import suppress
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from .config import DEFAULT_POD_RESOURCES_SOCKET, Config
+from .dcgm import DcgmLibrary
+from .dcgm.service import DcgmService
 from .http.admin import admin_routes
 from .http.server import make_web_app, server_settings
 from .http.webguard import RequestGuard, ServerLog
@@ -55,6 +58,7 @@ class Exporter:
     runner: web.AppRunner | None = None
     web_config: WebConfigReloader | None = None  # with --web.config.file
     server_log: ServerLog | None = None  # aiohttp's server logger, into the structured log
+    dcgm: DcgmService | None = None  # with --dcgm.address or --dcgm.embedded
 
     @property
     def port(self) -> int:
@@ -67,6 +71,8 @@ class Exporter:
         if self.kubelet is not None:
             await self.kubelet.start()
         await self.sampler.start()  # NVML up and devices known before the other sources start
+        if self.dcgm is not None:
+            await self.dcgm.start()
         if self.allocation is not None:
             await self.allocation.start()
         await self.xid.start()
@@ -84,6 +90,8 @@ class Exporter:
         steps.append(("xid", self.xid.stop))  # frees its NVML event set before nvmlShutdown
         if self.allocation is not None:
             steps.append(("allocation", self.allocation.stop))
+        if self.dcgm is not None:
+            steps.append(("dcgm", self.dcgm.stop))
         steps.append(("sampler", self.sampler.stop))
         if self.kubelet is not None:
             steps.append(("simulated kubelet", self.kubelet.close))
@@ -146,6 +154,9 @@ def build_exporter(config: Config) -> Exporter:
     allocation = _build_allocation(config, sampler, pool, kubelet) if config.allocation else None
     if allocation is not None:
         sampler.add_source(allocation)
+    dcgm = _build_dcgm(config, sampler, pool, simulation)
+    if dcgm is not None:
+        sampler.add_source(dcgm)
     xid = _build_xid(config, sampler, simulation, allocation)
     sampler.add_source(xid)
     sampler.add_listener(xid)
@@ -176,6 +187,29 @@ def build_exporter(config: Config) -> Exporter:
         kubelet,
         web_config=web_config,
         server_log=ServerLog(guard),
+        dcgm=dcgm,
+    )
+
+
+def _build_dcgm(
+    config: Config, sampler: Sampler, pool: WorkerPool, simulation: Any
+) -> DcgmService | None:
+    """The DCGM activity source; under --simulate the simulated node's fake libdcgm."""
+    target = config.dcgm_target
+    if target is None:
+        return None
+    library: Callable[[], DcgmLibrary] = DcgmLibrary.load
+    if simulation is not None:
+        fake = simulation.dcgm_library
+        library = partial(DcgmLibrary, fake)
+    return DcgmService(
+        library=library,
+        target=target,
+        devices=sampler.devices,
+        link=sampler.ledger.dcgm,
+        executor=pool,
+        interval=config.fast_interval,
+        call_timeout=max(2 * config.nvml_timeout, 5.0),
     )
 
 

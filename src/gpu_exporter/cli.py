@@ -161,7 +161,10 @@ def parse_config(argv: Sequence[str], environ: Mapping[str, str] | None = None) 
     values["collectors"] = frozenset(
         c.name for c in ALL_COLLECTORS if getattr(namespace, f"collector_{c.name}")
     )
-    return Config(**values)
+    config = Config(**values)
+    if config.dcgm_embedded and config.dcgm_address is not None:
+        raise UsageError("--dcgm.address and --dcgm.embedded: use one DCGM host engine, not both")
+    return config
 
 
 def load_files(config: Config) -> Config:

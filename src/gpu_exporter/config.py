@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .dcgm.target import Target, parse_target
 from .http.webconfig import WebConfig
 from .logs import LEVELS
 from .settings import COUNT, DURATION, LISTEN, PATH, RATIO, ValueType, choice, setting
@@ -32,6 +33,7 @@ def _parse_scenario(text: str) -> SimulatorConfig:
 
 
 SCENARIO = ValueType(_parse_scenario, lambda s: str(s.scenario or BUILTIN_SCENARIO))
+DCGM_ADDRESS = ValueType(parse_target, Target.describe, "ADDRESS")
 
 
 def _parse_pod(text: str) -> tuple[str, str]:
@@ -271,6 +273,24 @@ class Config:
         help="a response not taken by the client within this long is dropped with its "
         "connection (a client that never reads holds nothing longer)",
     )
+    dcgm_address: Target | None = setting(
+        "--dcgm.address",
+        None,
+        DCGM_ADDRESS,
+        none="off",
+        group="dcgm",
+        help="a DCGM host engine (host:port, port 5555 by default, or unix:///path; the GPU "
+        "Operator's is nvidia-dcgm.<namespace>.svc:5555) whose profiling fields give SM and "
+        "tensor activity on GPUs without GPM (A100, L40S, ...); see docs/deploy.md",
+    )
+    dcgm_embedded: bool = setting(
+        "--dcgm.embedded",
+        False,
+        group="dcgm",
+        help="start a DCGM host engine inside the exporter instead (needs libdcgm.so.4; "
+        "conflicts with any other profiling client on the node, dcgm-exporter's own embedded "
+        "engine included)",
+    )
     log_format: str = setting(
         "--log-format",
         "auto",
@@ -289,6 +309,11 @@ class Config:
     @property
     def simulate(self) -> bool:
         return self.simulator is not None
+
+    @property
+    def dcgm_target(self) -> Target | None:
+        """The DCGM host engine to use, if any (embedded: a Target without address)."""
+        return Target() if self.dcgm_embedded else self.dcgm_address
 
 
 DEFAULT_LISTEN = f"{Config.listen_host}:{Config.listen_port}"

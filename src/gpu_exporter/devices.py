@@ -7,7 +7,7 @@ sample.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Container, Iterator
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
@@ -37,6 +37,9 @@ class DeviceId:
     pci_bus_id: str = ""
     mig_mode: str = "disabled"  # enabled | disabled | unsupported
     gpm_supported: bool = False
+    # A DCGM host engine watches this device's profiling fields (known after it connects; the
+    # sampler rediscovers when that changes, so the device's jobs and gpu_info follow).
+    dcgm_served: bool = False
     parent_uuid: str | None = None
     gpu_instance_id: int | None = None
     compute_instance_id: int | None = None
@@ -76,9 +79,12 @@ class DeviceId:
 
 
 def activity_source_name(device: DeviceId) -> str:
-    """Which activity source ``device`` uses (``gpu_info``'s ``activity_source``): ``gpm`` or
-    ``none``. Decided once per device at discovery; the one place that answers it."""
-    return "gpm" if device.gpm_supported else "none"
+    """Which activity source ``device`` uses (``gpu_info``'s ``activity_source``): ``gpm``
+    wherever the GPU has GPM, else ``dcgm`` where a DCGM host engine serves it, else ``none``.
+    Decided per device at discovery; the one place that answers it."""
+    if device.gpm_supported:
+        return "gpm"
+    return "dcgm" if device.dcgm_served else "none"
 
 
 def idle_activity_source(device: DeviceId) -> str:
@@ -158,8 +164,15 @@ def read_system_info() -> SystemInfo:
     )
 
 
-def discover_gpu(index: int, support: SupportRegistry, errors: ErrorCounter) -> Gpu:
-    """Identify GPU ``index`` and its MIG instances. Raises DeviceLost when it does not answer."""
+def discover_gpu(
+    index: int,
+    support: SupportRegistry,
+    errors: ErrorCounter,
+    dcgm_served: Container[str] = (),
+) -> Gpu:
+    """Identify GPU ``index`` and its MIG instances. Raises DeviceLost when it does not answer.
+
+    ``dcgm_served``: the UUIDs a DCGM host engine serves activity for (see ``DcgmLink``)."""
     function = "nvmlDeviceGetHandleByIndex"
     try:
         handle = pynvml.nvmlDeviceGetHandleByIndex(index)
@@ -183,6 +196,7 @@ def discover_gpu(index: int, support: SupportRegistry, errors: ErrorCounter) -> 
         mig_mode="unsupported" if mig is None else ("enabled" if mig_enabled else "disabled"),
         gpm_supported=gpm is not None and bool(gpm.isSupportedDevice),
         minor=int(minor) if minor is not None else None,
+        dcgm_served=uuid in dcgm_served,
     )
     persistence, compute, serial, vbios = read_state(calls, handle)
     gpu_id = replace(
@@ -194,11 +208,13 @@ def discover_gpu(index: int, support: SupportRegistry, errors: ErrorCounter) -> 
     )
     gpu = Gpu(Device(gpu_id, handle))
     if mig_enabled:
-        gpu.mig_devices = list(_discover_mig(gpu.device, calls))
+        gpu.mig_devices = list(_discover_mig(gpu.device, calls, dcgm_served))
     return gpu
 
 
-def _discover_mig(parent: Device, calls: DeviceCalls) -> Iterator[Device]:
+def _discover_mig(
+    parent: Device, calls: DeviceCalls, dcgm_served: Container[str]
+) -> Iterator[Device]:
     count = calls.get(pynvml.nvmlDeviceGetMaxMigDeviceCount, parent.handle) or 0
     for slot in range(int(count)):
         # NotFound (an empty slot) comes back as None.
@@ -218,6 +234,7 @@ def _discover_mig(parent: Device, calls: DeviceCalls) -> Iterator[Device]:
             pci_bus_id=parent.id.pci_bus_id,
             mig_mode="enabled",
             gpm_supported=parent.id.gpm_supported,
+            dcgm_served=_text(uuid) in dcgm_served,
             parent_uuid=parent.uuid,
             gpu_instance_id=int(gi),
             compute_instance_id=int(ci),

@@ -2,6 +2,9 @@
 
 The activity and utilisation collectors record their ``_seconds_total`` integrals here after each
 sample; allocation accounting reads them to tell idle from busy time without calling NVML.
+``dcgm`` says which devices a DCGM host engine serves activity for, and holds its readings (the
+DCGM service fills it; discovery, the activity collectors and through them idle accounting
+read it).
 """
 
 from __future__ import annotations
@@ -10,9 +13,11 @@ import threading
 from dataclasses import dataclass
 from enum import Enum
 
+from .dcgm.readings import DcgmLink
+
 
 class ActivityKind(Enum):
-    SM_ACTIVE = "sm_active"  # GPM (or DCGM later): the honest measure
+    SM_ACTIVE = "sm_active"  # GPM or DCGM: the honest measure
     UTILIZATION = "utilization"  # NVML's "a kernel was resident": the fallback
 
 
@@ -28,6 +33,7 @@ class ActivityLedger:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._points: dict[tuple[str, ActivityKind], ActivityPoint] = {}
+        self.dcgm = DcgmLink()
 
     def record(self, uuid: str, kind: ActivityKind, at: float, seconds_total: float) -> None:
         with self._lock:

@@ -31,6 +31,7 @@ GROUPS = {
     "xid": "Xid errors",
     "allocation": "attribution to pods",
     "web": "web (TLS, auth, limits)",
+    "dcgm": "DCGM host engine (SM activity without GPM)",
     "logging": "logging",
     "collectors": "collectors",
 }

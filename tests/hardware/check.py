@@ -9,7 +9,12 @@ Writes the same as JSON to ``$OUT/hardware-check.json``
 (or ``--json PATH``). Installs nothing: needs the package importable (``PYTHONPATH=src``) with its
 runtime dependencies, and PyTorch with CUDA for the load phase.
 
-    PYTHONPATH=src python tests/hardware/check.py [--load-seconds 20]
+    PYTHONPATH=src python tests/hardware/check.py [--load-seconds 20] [--dcgm.address HOST:PORT]
+
+With ``--dcgm.address`` (a node running a DCGM host engine, e.g. the GPU Operator's nvidia-dcgm
+on port 5555) the exporter is started with it, and the report adds the DCGM source's state:
+``activity_source`` per GPU, ``gpu_exporter_source_up{source="dcgm"}``, the unwatched devices and
+DCGM errors, idle and under load (whether SM activity rises on the GPUs DCGM serves).
 """
 
 from __future__ import annotations
@@ -57,12 +62,14 @@ def all_families() -> list[str]:
     from gpu_exporter import identity, pci, sampler, xid
     from gpu_exporter.allocation import metrics as allocation
     from gpu_exporter.collectors import ALL_COLLECTORS
+    from gpu_exporter.dcgm import service as dcgm
 
     names = [f.name for f in identity.FAMILIES]
     for collector in ALL_COLLECTORS:
         names += [f.name for f in collector.families]
     names += [f.name for f in (*xid.FAMILIES, *allocation.FAMILIES, *sampler.SELF_FAMILIES)]
     names += [f.name for f in pci.ExpectedGpus.families]
+    names += [f.name for f in dcgm.FAMILIES]
     return list(dict.fromkeys(names))
 
 
@@ -164,17 +171,50 @@ def nvml_probes(gpus: int) -> dict[str, Any]:
     return answers
 
 
+def dcgm_state(data: dict[str, list[tuple[dict[str, str], float]]]) -> dict[str, Any]:
+    """What the DCGM source did: which GPUs it serves, whether it is up, what it left out."""
+    state = {
+        "activity_source": {
+            labels.get("gpu", "?"): labels.get("activity_source", "?")
+            for labels, _ in data.get("gpu_info", [])
+        },
+        "source_up": [
+            v for labels, v in data.get("gpu_exporter_source_up", []) if labels["source"] == "dcgm"
+        ],
+        "unwatched": {
+            labels.get("reason", "?"): v
+            for labels, v in data.get("gpu_exporter_dcgm_unwatched_devices", [])
+        },
+        "errors": {
+            f"{labels.get('function')}/{labels.get('error')}": v
+            for labels, v in data.get("gpu_exporter_dcgm_errors_total", [])
+        },
+    }
+    print(f"dcgm: {json.dumps(state)}")
+    return state
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--load-seconds", type=float, default=20.0)
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument(
         "--simulate",
-        action="store_true",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="SCENARIO.yaml",
         help="dry run on the simulator (checks this script itself; no load phase)",
+    )
+    parser.add_argument(
+        "--dcgm.address",
+        dest="dcgm_address",
+        default=None,
+        help="a DCGM host engine (host:port or unix:///path) for SM activity without GPM",
     )
     parser.add_argument("--settle-seconds", type=float, default=6.0)
     args = parser.parse_args()
+    simulate = args.simulate is not None
     out = args.json or Path(os.environ.get("OUT", ".")) / "hardware-check.json"
     port = free_port()
     base = f"http://127.0.0.1:{port}"
@@ -189,28 +229,36 @@ def main() -> int:
         "--log-format=json",
         "--state-dir=/tmp/gpu-exporter-state",
     ]
-    if args.simulate:
-        command.append("--simulate")
+    if simulate:
+        command.append(f"--simulate={args.simulate}" if args.simulate else "--simulate")
+    if args.dcgm_address:
+        command.append(f"--dcgm.address={args.dcgm_address}")
     exporter = subprocess.Popen(command, env=env)
     results: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
     try:
         results["ready_seconds"] = wait_ready(base, exporter)
-        gpus = open_nvml(args.simulate)
+        gpus = open_nvml(simulate)
         results["nvml"] = nvml_facts.facts(gpus)
         nvml_facts.show("\n=== NVML facts (asked directly) ===", results["nvml"])
         time.sleep(args.settle_seconds)  # a slow round and a few GPM intervals
         families = all_families()
-        results["idle"] = report("idle", families, scrape(base))
+        idle = scrape(base)
+        results["idle"] = report("idle", families, idle)
+        if args.dcgm_address:
+            results["dcgm_idle"] = dcgm_state(idle)
         results["reasons_idle"] = nvml_facts.current_reasons(gpus)
         results["interconnect_probes"] = nvml_probes(gpus)
         results["dra"] = dra_probes.dra_probes(gpus)
         nvml_facts.show("\n=== DRA: device minors and mig-minors ===", results["dra"])
-        if args.simulate:
+        if simulate:
             print("\nload phase skipped: --simulate")
         else:
             load = subprocess.Popen([sys.executable, "-c", LOAD, str(args.load_seconds)])
             results["reasons_under_load"] = masks_during(gpus, args.load_seconds * 0.75)
-            results["load"] = report("under load (bf16 matmuls)", families, scrape(base))
+            loaded = scrape(base)
+            results["load"] = report("under load (bf16 matmuls)", families, loaded)
+            if args.dcgm_address:
+                results["dcgm_load"] = dcgm_state(loaded)
             load.wait(timeout=args.load_seconds + 60)
         nvml_facts.show("\nclock-event masks idle", results["reasons_idle"])
         nvml_facts.show("clock-event masks under load", results.get("reasons_under_load", {}))

@@ -47,3 +47,27 @@ def test_the_hardware_check_reports_every_family_in_a_dry_run(tmp_path: Path) ->
     assert dra["gpus"]["0"]["minor"] == 0, "the built-in node's minors are its indexes"
     assert "mig_minors" in dra
     assert "DRA: device minors and mig-minors" in result.stdout
+
+
+def test_the_hardware_check_learns_a_dcgm_address(tmp_path: Path) -> None:
+    report = tmp_path / "hardware-check.json"
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "tests" / "hardware" / "check.py"),
+            f"--simulate={ROOT / 'demo' / 'scenarios' / 'dcgm-a100-l40s.yaml'}",
+            "--dcgm.address=127.0.0.1:5555",
+            "--settle-seconds=5",
+            f"--json={report}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    results = json.loads(report.read_text())
+    dcgm = results["dcgm_idle"]
+    assert dcgm["source_up"] == [1.0]
+    assert set(dcgm["activity_source"].values()) == {"dcgm"}, dcgm
+    assert not results["idle"]["gpu_sm_active_ratio"].startswith("absent")

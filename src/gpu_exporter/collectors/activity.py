@@ -1,20 +1,22 @@
 """What the silicon actually does: SM, tensor-pipe and DRAM activity, with their time integrals.
 
-The source sits behind a small boundary (:class:`ActivitySource`): today GPM (Hopper and newer,
-per GPU and per MIG instance); a DCGM host engine will be a second source for GPUs without GPM
-(A100, L40S). A device with no source reports ``activity_source="none"`` in ``gpu_info`` and no
-activity series, rather than a misleading substitute.
+The source sits behind a small boundary (:class:`ActivitySource`): GPM (Hopper and newer, per GPU
+and per MIG instance), and a DCGM host engine's profiling fields for GPUs without GPM (A100, L40S,
+L4, A10, T4, V100; :class:`DcgmActivitySource`). A device with no source reports
+``activity_source="none"`` in ``gpu_info`` and no activity series, rather than a misleading
+substitute.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import pynvml
 
+from ..dcgm.readings import DcgmReadings
 from ..devices import Device, activity_source_name
 from ..exposition import counter, gauge
 from ..ledger import ActivityKind
@@ -59,6 +61,15 @@ class ActivityReading:
     dram_active: float | None
     # The other pipes ("pipe:fp64" -> ratio; pipes.py).
     extra: Mapping[str, float] = field(default_factory=dict)
+    # Seconds each ratio covers, where a source's ratios cover different spans (DCGM's fields
+    # come from different passes, each with its own timestamps); None: all cover [start, end].
+    spans: Mapping[str, float] | None = field(default=None, kw_only=True)
+
+    def span(self, name: str) -> float:
+        """The seconds ``name`` (``sm_active``, ...) is to be credited for."""
+        if self.spans is None:
+            return self.end - self.start
+        return self.spans.get(name, 0.0)
 
 
 class ActivitySource(ABC):
@@ -174,15 +185,102 @@ class GpmSource(ActivitySource):
         return ActivityReading(first[1], second[1], sm, occupancy, tensor, dram, extra)
 
 
+class DcgmActivitySource(ActivitySource):
+    """DCGM's profiling fields for one device, from the DCGM service's last read.
+
+    The DCGM service reads every served device's latest records once per poll; this source turns
+    one device's records into an :class:`ActivityReading` without any call of its own. Each
+    record is a ratio the engine computed over roughly one update interval ending at its
+    timestamp [reference/dcgm.md section 3], so the integral credits each new record's value for
+    the time since the field's previous record, on DCGM's clock. That is approximate, unlike
+    GPM's exact means: multiplexed passes sample only part of the time, the stamps are the
+    engine's wall clock, and a record the poll missed is covered by the next one's value. Gaps
+    over ``DCGM_MAX_GAP_S`` (an outage) are not credited at all.
+    """
+
+    name = "dcgm"
+
+    def __init__(self, uuid: str, readings: DcgmReadings, clock: Callable[[], float]) -> None:
+        self._uuid = uuid
+        self._readings = readings
+        self._clock = clock
+        self._generation: int | None = None
+        self._previous: dict[int, int] = {}  # field -> ts (us) of the last record credited
+        self._offset: float | None = None  # exporter monotonic time minus DCGM time, seconds
+
+    def read(self, calls: DeviceCalls) -> ActivityReading | None:
+        snapshot = self._readings.latest(self._uuid)
+        if snapshot is None:  # the engine is away: withdraw the series rather than repeat them
+            return self._nothing()
+        if snapshot.generation != self._generation:  # a new session: start the stamps afresh
+            self._generation, self._previous = snapshot.generation, {}
+        values: dict[str, float | None] = {}
+        spans: dict[str, float] = {}
+        newest = 0
+        for name, field_id in DCGM_FIELDS.items():
+            sample = snapshot.fields.get(field_id)
+            if sample is None or sample.value is None or sample.ts_us <= 0:
+                values[name] = None  # blank, or a per-record error: no value
+                continue
+            values[name] = min(max(sample.value, 0.0), 1.0)
+            spans[name] = self._span(field_id, sample.ts_us)
+            newest = max(newest, sample.ts_us)
+        if not spans:  # every field blank (counters taken by another profiler, paused)
+            return self._nothing()
+        stamp = newest / 1e6
+        if self._offset is None:
+            self._offset = self._clock() - stamp
+        end = stamp + self._offset
+        start = end - spans.get("sm_active", 0.0)
+        return ActivityReading(
+            start,
+            end,
+            values["sm_active"],
+            values["sm_occupancy"],
+            values["tensor_active"],
+            values["dram_active"],
+            spans=spans,
+        )
+
+    def _nothing(self) -> ActivityReading:
+        now = self._clock()
+        return ActivityReading(now, now, None, None, None, None)
+
+    def _span(self, field_id: int, ts_us: int) -> float:
+        """Seconds to credit this record for: since the field's previous record."""
+        previous = self._previous.get(field_id)
+        self._previous[field_id] = ts_us
+        if previous is None or ts_us <= previous:
+            return 0.0  # the first record, the same one again, or a clock that went back
+        gap = (ts_us - previous) / 1e6
+        return gap if gap <= DCGM_MAX_GAP_S else 0.0
+
+
 def make_activity_source(device: Device, context: CollectorContext) -> ActivitySource | None:
-    if activity_source_name(device.id) == "gpm":
+    source = activity_source_name(device.id)
+    if source == "gpm":
         return GpmSource(device, context)
+    readings = context.ledger.dcgm.readings
+    if source == "dcgm" and readings is not None:
+        return DcgmActivitySource(device.uuid, readings, context.clock)
     return None
+
+
+# Reading attribute -> DCGM field [dcgm_fields.h; reference/dcgm.md section 4].
+DCGM_FIELDS = {
+    "sm_active": 1002,  # DCGM_FI_PROF_SM_ACTIVE
+    "sm_occupancy": 1003,  # DCGM_FI_PROF_SM_OCCUPANCY
+    "tensor_active": 1004,  # DCGM_FI_PROF_PIPE_TENSOR_ACTIVE
+    "dram_active": 1005,  # DCGM_FI_PROF_DRAM_ACTIVE
+}
+DCGM_MAX_GAP_S = 10.0  # longer: an outage or a profiler holding the counters, not credited
 
 
 class ActivityCollector(Collector):
     name = "activity"
-    help = "SM, SM occupancy, tensor and DRAM activity (GPM) with _seconds_total integrals."
+    help = (
+        "SM, SM occupancy, tensor and DRAM activity (GPM, or DCGM) with _seconds_total integrals."
+    )
     cadence = Cadence.FAST
     scope = Scope.ANY
     families = (
@@ -236,13 +334,13 @@ class ActivityCollector(Collector):
             self._source.close(calls)
 
     def _integrate(self, reading: ActivityReading) -> None:
-        for integral, ratio in (
-            (self._sm, reading.sm_active),
-            (self._tensor, reading.tensor_active),
-            (self._dram, reading.dram_active),
+        for name, integral, ratio in (
+            ("sm_active", self._sm, reading.sm_active),
+            ("tensor_active", self._tensor, reading.tensor_active),
+            ("dram_active", self._dram, reading.dram_active),
         ):
             if ratio is not None:
-                integral.total += ratio * (reading.end - reading.start)
+                integral.total += ratio * reading.span(name)
         self._pipes.credit(reading.extra, reading.end - reading.start)
 
     @staticmethod

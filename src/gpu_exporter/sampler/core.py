@@ -216,7 +216,7 @@ class Sampler:
         work: dict[concurrent.futures.Future[Any], Pending] = {}
         if cadence is Cadence.FAST:
             self._submit_probes(work)
-        else:
+        if cadence is Cadence.SLOW or self.ledger.dcgm.take_change():
             self._submit_inventory(work)
         self._submit_jobs(cadence, work)
         await settle(work, min(self._config.nvml_timeout, interval))
@@ -441,7 +441,7 @@ class Sampler:
                 _log.exception("device listener failed", listener=type(listener).__name__)
 
     def _discovery(self, index: int) -> Callable[[], Gpu]:
-        return partial(discover_gpu, index, self._support, self._errors)
+        return partial(discover_gpu, index, self._support, self._errors, self.ledger.dcgm)
 
     # -- rendering ---------------------------------------------------------------------------
 
