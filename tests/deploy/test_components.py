@@ -145,6 +145,7 @@ def test_privileged_is_opt_in_only(variants: dict[str, list[Resource]]) -> None:
             assert security["allowPrivilegeEscalation"] is False, name
     assert set(COMPONENTS) == set(FEATURE_OFF) | {
         "dcgm-compat",
+        "dcgm",
         "default-runtime",
         "dra",
         "kmsg-privileged",
@@ -259,3 +260,19 @@ def test_dra_adds_read_only_cdi_and_nvidia_caps_mounts_and_nothing_else(
         {"name": "GPU_EXPORTER_NVIDIA_CAPS_PATH", "value": "/host/nvidia-caps"},
     ]
     assert variants["dra"] == expected, "dra changed more than its read-only mounts and names"
+
+
+def test_dcgm_points_at_the_operators_node_local_engine_and_grants_nothing(
+    variants: dict[str, list[Resource]],
+) -> None:
+    """The dcgm component only tells the exporter where the engine is: no capability, mount,
+    host network or Service of its own (the operator's nvidia-dcgm Service is node-local)."""
+    expected = copy.deepcopy(variants["base"])
+    container(expected)["env"].insert(
+        0, {"name": "GPU_EXPORTER_DCGM_ADDRESS", "value": "nvidia-dcgm.gpu-operator.svc:5555"}
+    )
+    assert variants["dcgm"] == expected, "the dcgm component changed more than the address"
+    assert grants(variants["dcgm"]) == {
+        **grants(variants["base"]),
+        "env": grants(variants["base"])["env"] | {"GPU_EXPORTER_DCGM_ADDRESS"},
+    }
