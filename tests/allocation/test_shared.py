@@ -8,50 +8,19 @@ from collections.abc import AsyncIterator
 import pytest
 
 from gpu_exporter.allocation.subsystem import AllocationSubsystem
-from gpu_exporter.collectors import Cadence, collector_names
-from gpu_exporter.config import Config
-from gpu_exporter.nvml import WorkerPool
+from gpu_exporter.collectors import Cadence
 from gpu_exporter.sampler import Sampler
-from gpu_exporter.simulator import SimulatedNode, install, load_scenario, uninstall
-from gpu_exporter.simulator.kubelet import SimulatedKubelet
 
 from .helpers import named, series
+from .live import live_builtin_node
 
 FAST = 0.25
 
 
 @pytest.fixture
 async def live() -> AsyncIterator[tuple[Sampler, AllocationSubsystem]]:
-    node = SimulatedNode(load_scenario(None))
-    install(node)
-    pool = WorkerPool(size=4, name="test-shared")
-    config = Config(fast_interval=FAST, slow_interval=30.0, collectors=frozenset(collector_names()))
-    sampler = Sampler(config, pool)
-    kubelet = SimulatedKubelet(node)
-    subsystem = AllocationSubsystem(
-        socket_path=kubelet.socket_path,
-        devices=sampler.devices,
-        ledger=sampler.ledger,
-        executor=pool,
-        poll_interval=FAST,
-        update_interval=FAST / 2,
-        process_interval=FAST,
-        proc_path=kubelet.proc_path,
-        pod_logs_path=kubelet.pod_logs_path,
-    )
-    sampler.add_source(subsystem)
-    await kubelet.start()
-    await sampler.start()
-    await subsystem.start()
-    try:
-        yield sampler, subsystem
-    finally:
-        await subsystem.stop()
-        await sampler.stop()
-        await kubelet.close()
-        pool.shutdown()
-        uninstall()
-        node.close()
+    async with live_builtin_node(FAST, "test-shared") as running:
+        yield running
 
 
 def of_pod(values: dict[str, float], name: str, pod: str) -> float:

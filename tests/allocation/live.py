@@ -1,0 +1,52 @@
+"""The allocation subsystem wired to a running Sampler on the built-in simulated node, with the
+simulated kubelet in its own temporary directory (as under --simulate), in real time."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from gpu_exporter.allocation.subsystem import AllocationSubsystem
+from gpu_exporter.collectors import collector_names
+from gpu_exporter.config import Config
+from gpu_exporter.nvml import WorkerPool
+from gpu_exporter.sampler import Sampler
+from gpu_exporter.simulator import SimulatedNode, install, load_scenario, uninstall
+from gpu_exporter.simulator.kubelet import SimulatedKubelet
+
+
+@asynccontextmanager
+async def live_builtin_node(
+    fast: float, pool_name: str
+) -> AsyncIterator[tuple[Sampler, AllocationSubsystem]]:
+    """Started sampler and subsystem polling every ``fast`` seconds; everything stopped after."""
+    node = SimulatedNode(load_scenario(None))
+    install(node)
+    pool = WorkerPool(size=4, name=pool_name)
+    config = Config(fast_interval=fast, slow_interval=30.0, collectors=frozenset(collector_names()))
+    sampler = Sampler(config, pool)
+    kubelet = SimulatedKubelet(node)
+    subsystem = AllocationSubsystem(
+        socket_path=kubelet.socket_path,
+        devices=sampler.devices,
+        ledger=sampler.ledger,
+        executor=pool,
+        poll_interval=fast,
+        update_interval=fast / 2,
+        process_interval=fast,
+        proc_path=kubelet.proc_path,
+        pod_logs_path=kubelet.pod_logs_path,
+    )
+    sampler.add_source(subsystem)
+    await kubelet.start()
+    await sampler.start()
+    await subsystem.start()
+    try:
+        yield sampler, subsystem
+    finally:
+        await subsystem.stop()
+        await sampler.stop()
+        await kubelet.close()
+        pool.shutdown()
+        uninstall()
+        node.close()
