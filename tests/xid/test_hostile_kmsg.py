@@ -19,6 +19,16 @@ XID48 = "NVRM: Xid (PCI:0000:18:00): 48, pid='<unknown>', name=<unknown>, An unc
 XID31 = "NVRM: Xid (PCI:0000:18:00): 31, pid=1, name=x, MMU Fault"
 
 
+async def three_counted_then_stopped(make_subsystem: Make, kmsg: KmsgFile) -> None:
+    """An exporter's life before the file is tampered with: three Xids read, the offset saved."""
+    for _ in range(3):
+        kmsg.write(XID13)
+    first = make_subsystem()
+    await first.start()
+    await wait_until(lambda: xid_count(first) == 3)
+    await first.stop()
+
+
 def truncate(kmsg: KmsgFile) -> None:
     """What logrotate's copytruncate does: the same inode, emptied in place."""
     os.truncate(kmsg.path, 0)
@@ -48,12 +58,7 @@ async def test_records_written_after_a_truncation_while_running_are_counted(
 async def test_a_truncation_while_the_exporter_was_down_loses_no_xid(
     make_subsystem: Make, kmsg: KmsgFile
 ) -> None:
-    for _ in range(3):
-        kmsg.write(XID13)
-    first = make_subsystem()
-    await first.start()
-    await wait_until(lambda: xid_count(first) == 3)
-    await first.stop()
+    await three_counted_then_stopped(make_subsystem, kmsg)
 
     truncate(kmsg)
     kmsg.write(XID48)  # shorter than before: below the saved offset
@@ -101,12 +106,7 @@ async def test_a_file_rewritten_past_the_saved_offset_is_read_as_new(
 async def test_a_replaced_file_with_lower_sequence_numbers_is_read_as_new(
     make_subsystem: Make, kmsg: KmsgFile
 ) -> None:
-    for _ in range(3):
-        kmsg.write(XID13)
-    first = make_subsystem()
-    await first.start()
-    await wait_until(lambda: xid_count(first) == 3)
-    await first.stop()
+    await three_counted_then_stopped(make_subsystem, kmsg)
 
     kmsg.path.rename(kmsg.path.with_name("kmsg.1"))  # rotated by rename
     fresh = KmsgFile(kmsg.path, first_seq=1)  # a new file, its numbers start again
