@@ -83,7 +83,7 @@ KUBELET = CpuMeter()
 
 def meter_kubelet(kubelet: Any) -> None:
     """Meter the simulated kubelet's own work as simulator: building its answers, its process
-    and pod-log (and CDI) trees. gRPC's own machinery around the answers stays unmetered."""
+    and pod-log (and CDI) trees. The HTTP/2 framing around the answers stays unmetered."""
     if kubelet is None:
         return
     server = sys.modules["gpu_exporter.allocation.server"]
@@ -112,7 +112,7 @@ def metered_install(original: Any) -> Any:
 def thread_cpu() -> dict[str, float]:
     """CPU seconds (utime+stime) of each live thread of this process, by thread name.
 
-    Python threads by ``threading`` name (``name#tid`` when two share one), others (gRPC's C
+    Python threads by ``threading`` name (``name#tid`` when two share one), others (C libraries'
     threads) by their kernel ``comm``.
     """
     names = {t.native_id: t.name for t in threading.enumerate()}

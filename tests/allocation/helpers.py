@@ -6,8 +6,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import grpc
-
+from gpu_exporter.allocation.grpcwire import StatusCode
 from gpu_exporter.allocation.podresources import ClaimDevice, ContainerDevices
 from gpu_exporter.allocation.server import UNIMPLEMENTED, KubeletState, PodResourcesServer
 from gpu_exporter.devices import Device, DeviceId
@@ -45,14 +44,14 @@ FakeClock = ManualClock  # one manual clock for every test (tests/helpers.py)
 
 @dataclass
 class FakeKubelet:
-    """A real grpc.aio pod-resources server whose answers the test edits."""
+    """A real pod-resources gRPC server (allocation/server.py) whose answers the test edits."""
 
     socket_path: Path
     containers: list[ContainerDevices] = field(default_factory=list)
     allocatable: list[tuple[str, str]] | None = field(default_factory=list)
     claims: list[ClaimDevice] = field(default_factory=list)
     # How GetAllocatableResources is refused while ``allocatable`` is None.
-    refusal: tuple[grpc.StatusCode, str] = UNIMPLEMENTED
+    refusal: tuple[StatusCode, str] = UNIMPLEMENTED
     server: PodResourcesServer | None = None
 
     def state(self) -> KubeletState:

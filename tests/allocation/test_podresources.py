@@ -1,12 +1,12 @@
-"""The subsystem against a real grpc.aio pod-resources server on a temporary unix socket."""
+"""The subsystem against a real pod-resources gRPC server on a temporary unix socket."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import grpc
 import pytest
 
+from gpu_exporter.allocation.grpcwire import StatusCode
 from gpu_exporter.allocation.server import ALLOCATABLE_DISABLED
 from gpu_exporter.allocation.subsystem import UNRESOLVED_REASONS, AllocationSubsystem
 from gpu_exporter.ledger import ActivityLedger
@@ -154,7 +154,7 @@ async def test_other_get_allocatable_errors_still_take_the_source_down(
 ) -> None:
     every_id_form(kubelet)
     kubelet.allocatable = None
-    kubelet.refusal = (grpc.StatusCode.UNKNOWN, "something else broke")
+    kubelet.refusal = (StatusCode.UNKNOWN, "something else broke")
     sub = subsystem(kubelet, pool)
     await sub.poll()
     sub.update()

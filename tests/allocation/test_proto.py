@@ -15,7 +15,7 @@ from gpu_exporter.allocation.proto import podresources_pb2 as pb
 
 PROTO_DIR = Path(pb.__file__).parent
 SRC = PROTO_DIR.parents[2]
-GENERATED = ("podresources_pb2.py", "podresources_pb2.pyi", "podresources_pb2_grpc.py")
+GENERATED = ("podresources_pb2.py", "podresources_pb2.pyi")  # no gRPC stubs: see grpcwire.py
 DATA = Path(__file__).parent / "data"
 UPSTREAM_TABLE = DATA / "podresources-v1-upstream.yaml"
 UPSTREAM_PROTO = DATA / "upstream" / "api.proto"
@@ -155,7 +155,7 @@ def test_stubs_are_regenerated_from_the_proto(tmp_path: Path) -> None:
     subprocess.run(
         [
             sys.executable, "-m", "grpc_tools.protoc", f"-I{SRC}", f"--python_out={tmp_path}",
-            f"--pyi_out={tmp_path}", f"--grpc_python_out={tmp_path}",
+            f"--pyi_out={tmp_path}",
             str(PROTO_DIR.relative_to(SRC) / "podresources.proto"),
         ],
         check=True, cwd=SRC,

@@ -1,6 +1,6 @@
 """Kubernetes allocation against GPU activity (kubelet pod-resources, cgroups, idle accounting).
 
 ``subsystem.AllocationSubsystem`` is the part the app wires; ``metrics.py`` holds its families.
-This ``__init__`` imports nothing, so importing a submodule (``metrics``) does not load gRPC
-(~17 MB RSS, not paid with ``--no-allocation``).
+This ``__init__`` imports nothing, so importing a submodule (``metrics``) does not load the
+pod-resources client (HTTP/2 and protobuf, ~4 MiB RSS, not paid with ``--no-allocation``).
 """

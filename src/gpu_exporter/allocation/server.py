@@ -1,5 +1,8 @@
 """A pod-resources server (the kubelet's side of the API) for the simulator and tests.
 
+It speaks gRPC on a unix socket through :mod:`.grpcwire` (asyncio and HTTP/2, no gRPC runtime:
+the simulator's kubelet costs the exporter's process no gRPC threads or memory).
+
 It serves whatever ``provider`` returns at each call, so allocations can change over time:
 device-plugin devices and DRA claims (``dynamic_resources``, grouped by claim as the kubelet
 does). With ``allocatable=None`` it refuses GetAllocatableResources with ``allocatable_refusal``:
@@ -9,21 +12,19 @@ disabled" as a kubelet with the feature gate off does.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import grpc
-
-from .podresources import ClaimDevice, ContainerDevices
+from .grpcwire import Handler, RpcError, StatusCode, serve_connection
+from .podresources import GET, GET_ALLOCATABLE, LIST, ClaimDevice, ContainerDevices
 from .proto import podresources_pb2 as pb
-from .proto import podresources_pb2_grpc as pb_grpc
 
-UNIMPLEMENTED = (grpc.StatusCode.UNIMPLEMENTED, "not served by this kubelet")
+UNIMPLEMENTED = (StatusCode.UNIMPLEMENTED, "not served by this kubelet")
 ALLOCATABLE_DISABLED = (
-    grpc.StatusCode.UNKNOWN,
+    StatusCode.UNKNOWN,
     "Pod Resources API GetAllocatableResources disabled",
 )
 
@@ -33,7 +34,7 @@ class KubeletState:
     containers: Sequence[ContainerDevices] = ()
     allocatable: Sequence[tuple[str, str]] | None = ()  # (resource, device id)
     claims: Sequence[ClaimDevice] = ()
-    allocatable_refusal: tuple[grpc.StatusCode, str] = UNIMPLEMENTED
+    allocatable_refusal: tuple[StatusCode, str] = UNIMPLEMENTED
 
 
 _Entry = ContainerDevices | ClaimDevice
@@ -87,56 +88,66 @@ def allocatable_response(
     return response
 
 
-class _Servicer(pb_grpc.PodResourcesListerServicer):
-    def __init__(self, provider: Callable[[], KubeletState]) -> None:
-        self._provider = provider
+def _handlers(provider: Callable[[], KubeletState]) -> dict[str, Handler]:
+    """The kubelet's three calls, each answering from ``provider()`` at the time of the call."""
 
-    async def List(self, request: Any, context: Any) -> pb.ListPodResourcesResponse:
-        state = self._provider()
-        return list_response(state.containers, state.claims)
+    async def list_pods(request: bytes) -> bytes:
+        state = provider()
+        return bytes(list_response(state.containers, state.claims).SerializeToString())
 
-    async def GetAllocatableResources(
-        self, request: Any, context: Any
-    ) -> pb.AllocatableResourcesResponse:
-        state = self._provider()
+    async def get_allocatable(request: bytes) -> bytes:
+        state = provider()
         if state.allocatable is None:
-            await context.abort(*state.allocatable_refusal)
-        return allocatable_response(state.allocatable or ())
+            raise RpcError(*state.allocatable_refusal)
+        return bytes(allocatable_response(state.allocatable).SerializeToString())
 
-    async def Get(self, request: Any, context: Any) -> pb.GetPodResourcesResponse:
-        state = self._provider()
-        listed = list_response(state.containers, state.claims)
-        for pod in listed.pod_resources:
-            if (pod.namespace, pod.name) == (request.pod_namespace, request.pod_name):
-                return pb.GetPodResourcesResponse(pod_resources=pod)
-        await context.abort(  # the kubelet answers with a plain error: status UNKNOWN
-            grpc.StatusCode.UNKNOWN,
-            f"pod {request.pod_name} in namespace {request.pod_namespace} not found",
+    async def get_pod(request: bytes) -> bytes:
+        wanted = pb.GetPodResourcesRequest.FromString(request)
+        state = provider()
+        for pod in list_response(state.containers, state.claims).pod_resources:
+            if (pod.namespace, pod.name) == (wanted.pod_namespace, wanted.pod_name):
+                answer = pb.GetPodResourcesResponse(pod_resources=pod)
+                return bytes(answer.SerializeToString())
+        raise RpcError(  # the kubelet answers with a plain error: status UNKNOWN
+            StatusCode.UNKNOWN,
+            f"pod {wanted.pod_name} in namespace {wanted.pod_namespace} not found",
         )
-        raise AssertionError("unreachable")  # abort raises
+
+    return {LIST: list_pods, GET_ALLOCATABLE: get_allocatable, GET: get_pod}
 
 
 class PodResourcesServer:
-    """A ``grpc.aio`` server on a unix socket; start and stop it as often as needed."""
+    """A gRPC server on a unix socket; start and stop it as often as needed."""
 
     def __init__(self, socket_path: Path, provider: Callable[[], KubeletState]) -> None:
         self.socket_path = Path(socket_path)
-        self._provider = provider
-        self._server: grpc.aio.Server | None = None
+        self._handlers = _handlers(provider)
+        self._server: asyncio.Server | None = None
+        self._connections: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
         self.socket_path.parent.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
             self.socket_path.unlink()  # a stale socket from a previous run
-        server = grpc.aio.server()
-        pb_grpc.add_PodResourcesListerServicer_to_server(_Servicer(self._provider), server)
-        server.add_insecure_port(f"unix://{self.socket_path}")
-        await server.start()
-        self._server = server
+        self._server = await asyncio.start_unix_server(self._serve, str(self.socket_path))
 
     async def stop(self) -> None:
         server, self._server = self._server, None
         if server is not None:
-            await server.stop(grace=None)
+            server.close()
+            await server.wait_closed()
+        for task in list(self._connections):  # a stopped kubelet drops its connections too
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         with contextlib.suppress(FileNotFoundError):
             self.socket_path.unlink()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None  # asyncio runs each connection's callback as a task
+        self._connections.add(task)
+        try:
+            await serve_connection(reader, writer, self._handlers)
+        finally:
+            self._connections.discard(task)

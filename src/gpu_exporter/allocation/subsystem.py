@@ -3,11 +3,11 @@
 Three background loops feed series the sampler renders (this is a SampleSource):
 
 - *poll* (every ``poll_interval``): the kubelet's pod-resources ``List`` and
-  ``GetAllocatableResources`` over ``grpc.aio``, each call with a deadline; while containers
-  hold DRA devices of ``gpu.nvidia.com``, the CDI spec directories and ``mig-minors`` too (on a
-  worker thread, see :mod:`.cdi` and :mod:`.dra`). While the socket is
-  absent or failing, ``gpu_exporter_source_up{source="pod_resources"}`` is 0 and every allocation
-  series is withheld (unknown is not zero); the next successful poll brings them back.
+  ``GetAllocatableResources`` (gRPC by :mod:`.grpcwire`), each call with a deadline; while
+  containers hold DRA devices of ``gpu.nvidia.com``, the CDI spec directories and ``mig-minors``
+  too (on a worker thread, see :mod:`.cdi` and :mod:`.dra`). While the socket is absent or
+  failing, ``gpu_exporter_source_up{source="pod_resources"}`` is 0 and every allocation series is
+  withheld (unknown is not zero); the next successful poll brings them back.
 - *account* (every ``update_interval``): allocated and idle-allocated seconds per device and pod
   (see :mod:`.accounting`) and the holder history used to attribute events (:meth:`holder`).
 - *processes* (every ``process_interval``): GPU processes (NVML, on a worker thread) to their

@@ -5,7 +5,8 @@
 # with the source root as include path, so the stubs import each other as
 # `gpu_exporter.allocation.proto.podresources_pb2` (no sys.path tricks). The generated code pins
 # the protobuf runtime it needs (ValidateProtobufRuntimeVersion): keep pyproject's protobuf floor
-# at the version printed in podresources_pb2.py.
+# at the version printed in podresources_pb2.py. No gRPC service stubs: the calls are made and
+# served by gpu_exporter/allocation/grpcwire.py, without gRPC's runtime.
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 src=$(cd "$here/../../.." && pwd)
@@ -15,5 +16,5 @@ case "$python" in
 esac
 cd "$src"
 "$python" -m grpc_tools.protoc -I . \
-    --python_out=. --pyi_out=. --grpc_python_out=. \
+    --python_out=. --pyi_out=. \
     gpu_exporter/allocation/proto/podresources.proto

@@ -1,0 +1,156 @@
+"""The exporter's own gRPC wire (allocation/grpcwire.py) against grpcio, both ways.
+
+The exporter and the simulator's kubelet speak gRPC without gRPC's runtime. A real kubelet is
+grpc-go; grpcio (C core, a development dependency only) stands in for "a real gRPC peer" here:
+the exporter's client must understand what a real server sends (answers larger than HTTP/2's
+default window, trailers-only errors with percent-encoded messages, unknown methods, deadlines)
+and the simulated kubelet must answer a real client the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from gpu_exporter.allocation.grpcwire import RpcError, StatusCode, call
+from gpu_exporter.allocation.podresources import (
+    GET,
+    GET_ALLOCATABLE,
+    LIST,
+    ContainerDevices,
+    PodResourcesClient,
+)
+from gpu_exporter.allocation.proto import podresources_pb2 as pb
+from gpu_exporter.allocation.server import (
+    ALLOCATABLE_DISABLED,
+    KubeletState,
+    PodResourcesServer,
+    list_response,
+)
+
+# Enough pods that List's answer (~300 KB) needs several flow-control windows of 64 KiB.
+MANY = [
+    ContainerDevices(f"ns-{i % 7}", f"pod-{i}", "main", "nvidia.com/gpu", (f"GPU-{i:036d}",))
+    for i in range(3000)
+]
+REFUSAL = "Pod Resources API GetAllocatableResources disabled: 100% off, café"
+
+
+class GrpcioKubelet:
+    """A grpcio ``grpc.aio`` server with generic handlers (no generated stubs)."""
+
+    def __init__(self) -> None:
+        self.answer_never = asyncio.Event()  # set by no one: a call that waits past its deadline
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        def unary(fn: Any) -> grpc.RpcMethodHandler:
+            return grpc.unary_unary_rpc_method_handler(fn, lambda b: b, lambda b: b)
+
+        async def list_pods(request: bytes, context: Any) -> bytes:
+            return list_response(MANY).SerializeToString()
+
+        async def allocatable(request: bytes, context: Any) -> bytes:
+            await context.abort(grpc.StatusCode.UNKNOWN, REFUSAL)
+
+        async def get(request: bytes, context: Any) -> bytes:
+            await self.answer_never.wait()
+            return b""
+
+        methods = {"List": list_pods, "GetAllocatableResources": allocatable, "Get": get}
+        return grpc.method_handlers_generic_handler(
+            "v1.PodResourcesLister", {name: unary(fn) for name, fn in methods.items()}
+        )
+
+
+@pytest.fixture
+async def grpcio_server(short_dir: Path) -> AsyncIterator[Path]:
+    socket = short_dir / "grpcio.sock"
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((GrpcioKubelet().handler(),))
+    server.add_insecure_port(f"unix://{socket}")
+    await server.start()
+    yield socket
+    await server.stop(grace=None)
+
+
+async def test_a_large_answer_from_grpcio_arrives_whole(grpcio_server: Path) -> None:
+    answer = await call(grpcio_server, LIST, b"", deadline=5.0)
+    listed = pb.ListPodResourcesResponse.FromString(answer)
+    assert len(answer) > 3 * 65535, "the answer should be several default HTTP/2 windows"
+    assert len(listed.pod_resources) == len(MANY)
+    assert listed.pod_resources[-1].name == "pod-2999"
+
+
+async def test_a_grpcio_error_keeps_its_code_and_message(grpcio_server: Path) -> None:
+    with pytest.raises(RpcError) as caught:
+        await call(grpcio_server, GET_ALLOCATABLE, b"", deadline=5.0)
+    assert (caught.value.code, caught.value.details) == (StatusCode.UNKNOWN, REFUSAL)
+
+
+async def test_an_unknown_method_is_unimplemented(grpcio_server: Path) -> None:
+    with pytest.raises(RpcError) as caught:
+        await call(grpcio_server, "/v1.PodResourcesLister/Watch", b"", deadline=5.0)
+    assert caught.value.code is StatusCode.UNIMPLEMENTED
+
+
+async def test_a_call_past_its_deadline_fails_as_deadline_exceeded(grpcio_server: Path) -> None:
+    with pytest.raises(RpcError) as caught:
+        await call(grpcio_server, GET, b"", deadline=0.2)
+    assert caught.value.code is StatusCode.DEADLINE_EXCEEDED
+
+
+async def test_no_server_is_unavailable(short_dir: Path) -> None:
+    with pytest.raises(RpcError) as caught:
+        await call(short_dir / "absent.sock", LIST, b"", deadline=1.0)
+    assert caught.value.code is StatusCode.UNAVAILABLE
+
+
+async def test_the_client_against_grpcio_lists_pods_without_allocatable(
+    grpcio_server: Path,
+) -> None:
+    """REFUSAL says 'GetAllocatableResources disabled': List still counts, allocatable is None."""
+    snapshot = await PodResourcesClient(grpcio_server, timeout=5.0).fetch()
+    assert len(snapshot.containers) == len(MANY)
+    assert snapshot.allocatable is None
+
+
+@pytest.fixture
+async def own_server(short_dir: Path) -> AsyncIterator[Path]:
+    server = PodResourcesServer(
+        short_dir / "own.sock",
+        lambda: KubeletState(MANY, None, allocatable_refusal=ALLOCATABLE_DISABLED),
+    )
+    await server.start()
+    yield server.socket_path
+    await server.stop()
+
+
+def grpcio_call(socket: Path, path: str, request: bytes) -> tuple[Any, ...]:
+    """(code, details, answer) of one call made by grpcio's synchronous client."""
+    with grpc.insecure_channel(f"unix://{socket}") as channel:
+        method = channel.unary_unary(path, lambda b: b, lambda b: b)
+        try:
+            return (grpc.StatusCode.OK, "", method(request, timeout=5.0))
+        except grpc.RpcError as exc:
+            return (exc.code(), exc.details(), None)
+
+
+async def test_grpcio_reads_a_large_answer_of_the_own_server(own_server: Path) -> None:
+    code, _, answer = await asyncio.to_thread(grpcio_call, own_server, LIST, b"")
+    assert code is grpc.StatusCode.OK
+    assert len(pb.ListPodResourcesResponse.FromString(answer).pod_resources) == len(MANY)
+
+
+async def test_grpcio_sees_the_own_servers_refusals(own_server: Path) -> None:
+    refused = await asyncio.to_thread(grpcio_call, own_server, GET_ALLOCATABLE, b"")
+    assert refused == (grpc.StatusCode.UNKNOWN, ALLOCATABLE_DISABLED[1], None)
+    missing = pb.GetPodResourcesRequest(pod_name="gone", pod_namespace="ns").SerializeToString()
+    code, details, _ = await asyncio.to_thread(grpcio_call, own_server, GET, missing)
+    assert (code, details) == (grpc.StatusCode.UNKNOWN, "pod gone in namespace ns not found")
+    unknown = await asyncio.to_thread(grpcio_call, own_server, "/v1.PodResourcesLister/Watch", b"")
+    assert unknown[0] is grpc.StatusCode.UNIMPLEMENTED
