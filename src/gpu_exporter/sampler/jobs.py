@@ -118,8 +118,9 @@ async def settle(work: dict[concurrent.futures.Future[Any], Pending], wait_s: fl
 
     for future in list(work):
         future.add_done_callback(one_done)
-    with suppress(TimeoutError):
-        await asyncio.wait_for(all_done, wait_s)
+    # asyncio.wait, not wait_for: Python 3.11's wait_for swallows a cancellation (Sampler.stop)
+    # that arrives as all_done resolves, and the round loop then never ends.
+    await asyncio.wait((all_done,), timeout=wait_s)
     for future, pending in work.items():
         if future.done():
             pending.finished(future)
