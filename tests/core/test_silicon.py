@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from gpu_exporter.collectors import gpm
 from tests.helpers import one, select, simulated_sampler
 
 GB200_RACK_SLICE = """
@@ -38,7 +39,13 @@ async def test_an_hgx_board_reports_a_fabric_without_a_cluster_and_pcie_cards_no
     assert not select(series, "gpu_fabric_info", gpu="1"), "no fabric: no series, not zero"
 
 
-async def test_every_gpm_pipe_has_a_ratio_and_an_exact_integral() -> None:
+@pytest.mark.parametrize("layout", ["unpacked from bytes", "read member by member"])
+async def test_every_gpm_pipe_has_a_ratio_and_an_exact_integral(
+    layout: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A pynvml whose GPM metric struct differs from the layout we unpack is read through ctypes.
+    if layout == "read member by member":
+        monkeypatch.setattr(gpm, "_layout_matches", lambda: False)
     scenario = """
         gpus: [{model: H100-SXM-80GB}]
         workloads: [{gpu: 0, pod: p, sm: 0.8}]

@@ -22,6 +22,7 @@ from ..exposition import counter, gauge
 from ..ledger import ActivityKind
 from ..nvml import DeviceCalls
 from .base import Cadence, Collector, CollectorContext, Integral, SampleWriter, Scope, clamp_ratio
+from .gpm import GpmRequest
 from .pipes import EXTRA_GPM_METRICS, PIPE_ACTIVE, PIPE_SECONDS, PipeTotals, pipe_ratios
 
 SM_ACTIVE = gauge(
@@ -108,7 +109,7 @@ class GpmSource(ActivitySource):
         # Metric ids asked: pipes that answer NotSupported are not asked again. MIG instances
         # get no pipes: 10 series per instance would double a MIG node's series (56 instances).
         extra = () if device.id.is_mig else EXTRA_GPM_METRICS
-        self._metric_ids: tuple[int, ...] = (*_GPM_METRICS, *extra)
+        self._request = GpmRequest((*_GPM_METRICS, *extra))
 
     def read(self, calls: DeviceCalls) -> ActivityReading | None:
         if not self._buffers:
@@ -154,28 +155,18 @@ class GpmSource(ActivitySource):
     def _metrics(
         self, calls: DeviceCalls, first: tuple[Any, float], second: tuple[Any, float]
     ) -> ActivityReading | None:
-        request = pynvml.c_nvmlGpmMetricsGet_t()
-        request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
-        ids = self._metric_ids
-        request.numMetrics = len(ids)
-        request.sample1 = first[0]
-        request.sample2 = second[0]
-        for slot, metric_id in enumerate(ids):
-            request.metrics[slot].metricId = metric_id
-        result = calls.get(pynvml.nvmlGpmMetricsGet, request)
-        if result is None:
+        answers = self._request.get(calls, first[0], second[0])
+        if answers is None:
             return None
         answered: dict[int, float] = {}
         lacking: set[int] = set()
-        for slot, metric_id in enumerate(ids):
-            metric = result.metrics[slot]
-            code = int(metric.nvmlReturn)
+        for metric_id, code, value in answers:
             if code == pynvml.NVML_SUCCESS:
-                answered[metric_id] = float(metric.value)
+                answered[metric_id] = value
             elif code == pynvml.NVML_ERROR_NOT_SUPPORTED and metric_id in EXTRA_GPM_METRICS:
                 lacking.add(metric_id)
         if lacking:
-            self._metric_ids = tuple(m for m in ids if m not in lacking)
+            self._request.set_ids([m for m in self._request.ids if m not in lacking])
 
         def ratio(metric_id: int) -> float | None:
             return clamp_ratio(answered[metric_id]) if metric_id in answered else None
