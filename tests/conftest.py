@@ -65,20 +65,20 @@ def collectors_never_raise(
 ) -> Iterator[None]:
     """A collector that raises something other than an NVML error is a bug: the exporter logs
     its traceback and carries on, and the test that met it fails (unless marked collector_bug)."""
-    from gpu_exporter.sampler import Sampler
+    from gpu_exporter.sampler.outcomes import Outcomes
 
     if request.node.get_closest_marker("collector_bug"):
         yield
         return
 
     raised: list[str] = []
-    original = Sampler._collector_raised
+    original = Outcomes._collector_raised
 
-    def record(self: Sampler, job: Any, exc: BaseException) -> None:
+    def record(self: Outcomes, job: Any, exc: BaseException) -> None:
         raised.append(f"{job.name} on {job.calls.uuid}: {exc!r}")
         original(self, job, exc)
 
-    monkeypatch.setattr(Sampler, "_collector_raised", record)
+    monkeypatch.setattr(Outcomes, "_collector_raised", record)
     yield
     assert not raised, "a collector raised (a programming error, not an NVML error): " + "; ".join(
         raised

@@ -13,6 +13,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from functools import cached_property
 
 TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
@@ -42,6 +43,15 @@ class Family:
         """OpenMetrics names a counter family without its ``_total`` sample suffix."""
         return self.name.removesuffix("_total") if self.type is MetricType.COUNTER else self.name
 
+    @cached_property
+    def headers(self) -> tuple[str, str]:
+        """The ``# HELP``/``# TYPE`` lines in the classic text format and in OpenMetrics."""
+        help_text = self.help.replace("\\", "\\\\").replace("\n", "\\n")
+        kind = self.type.value
+        text = f"# HELP {self.name} {help_text}\n# TYPE {self.name} {kind}\n"
+        om_name = self.openmetrics_name
+        return text, f"# HELP {om_name} {help_text}\n# TYPE {om_name} {kind}\n"
+
 
 def gauge(name: str, help_text: str) -> Family:
     return Family(name, MetricType.GAUGE, help_text)
@@ -65,15 +75,23 @@ def join_labels(*parts: str) -> str:
     return ",".join(part for part in parts if part)
 
 
+_INF = math.inf
+
+
 def format_value(value: float) -> str:
+    """A sample value as Prometheus writes it: integers without a point (below 1e15), NaN, +Inf.
+
+    Called once per series and render, so the common cases (integer, finite) are tested first."""
     value = float(value)
-    if value != value:  # NaN
+    if value.is_integer():  # False for NaN and the infinities
+        return str(int(value)) if -1e15 < value < 1e15 else repr(value)
+    if value != value:
         return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    if value.is_integer() and abs(value) < 1e15:
-        return str(int(value))
-    return repr(float(value))
+    if value == _INF:
+        return "+Inf"
+    if value == -_INF:
+        return "-Inf"
+    return repr(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +123,64 @@ class Exposition:
         return cached
 
 
+@dataclass(frozen=True, slots=True)
+class Block:
+    """Samples already written as exposition lines, grouped by family (in first-appearance order).
+
+    A part whose samples change less often than the exposition is rendered (a slow-cadence
+    collector's, renewed every 30 s, rendered every second) keeps its block and hands the same
+    one to every render: its values are formatted once, not once per render."""
+
+    families: tuple[tuple[Family, str], ...]
+
+
+EMPTY_BLOCK = Block(())
+
+
+class BlockWriter:
+    """Builds a :class:`Block` line by line; ``prefix`` (a device's labels) leads every line's
+    label set. The hot path of every collector: one call per series and round, kept flat."""
+
+    __slots__ = ("_families", "_lines", "_prefix")
+
+    def __init__(self, prefix: str = "") -> None:
+        self._prefix = prefix
+        self._families: dict[str, Family] = {}
+        self._lines: dict[str, list[str]] = {}
+
+    def add(self, family: Family, value: float, labels: str = "") -> None:
+        if not labels:
+            labels = self._prefix
+        elif self._prefix:
+            labels = f"{self._prefix},{labels}"
+        value = float(value)
+        if value.is_integer() and -1e15 < value < 1e15:
+            text = str(int(value))
+        else:
+            text = format_value(value)
+        name = family.name
+        line = f"{name}{{{labels}}} {text}\n" if labels else f"{name} {text}\n"
+        lines = self._lines.get(name)
+        if lines is None:
+            self._families[name] = family
+            self._lines[name] = [line]
+        else:
+            lines.append(line)
+
+    def block(self) -> Block:
+        if not self._lines:
+            return EMPTY_BLOCK
+        families = self._families
+        return Block(tuple((families[name], "".join(ls)) for name, ls in self._lines.items()))
+
+
+def render_block(samples: Iterable[Sample]) -> Block:
+    writer = BlockWriter()
+    for sample in samples:
+        writer.add(sample.family, sample.value, sample.labels)
+    return writer.block()
+
+
 def render(samples: Iterable[Sample], family_order: Sequence[Family] = ()) -> Exposition:
     """Group samples by family name (in ``family_order``, then first appearance) and encode both
     formats. A family with no samples is omitted entirely: an unsupported signal leaves no trace.
@@ -112,34 +188,33 @@ def render(samples: Iterable[Sample], family_order: Sequence[Family] = ()) -> Ex
     Grouping is by name so that two parts declaring the same family (``gpu_exporter_source_up``
     from the sampler and from a log source, say) still yield one HELP/TYPE block.
     """
+    return render_blocks((render_block(samples),), family_order)
+
+
+def render_blocks(blocks: Iterable[Block], family_order: Sequence[Family] = ()) -> Exposition:
+    """:func:`render` for samples already written as blocks; each family's lines come in block
+    order, so a family several blocks write into is still one HELP/TYPE group."""
     families: dict[str, Family] = {}
-    lines_by_name: dict[str, list[str]] = {}
+    bodies: dict[str, list[str]] = {}
     for family in family_order:
         families.setdefault(family.name, family)
-        lines_by_name.setdefault(family.name, [])
-    for sample in samples:
-        name = sample.family.name
-        lines = lines_by_name.get(name)
-        if lines is None:
-            families[name] = sample.family
-            lines = lines_by_name[name] = []
-        value = format_value(sample.value)
-        if sample.labels:
-            lines.append(f"{name}{{{sample.labels}}} {value}\n")
-        else:
-            lines.append(f"{name} {value}\n")
+        bodies.setdefault(family.name, [])
+    for block in blocks:
+        for family, body in block.families:
+            parts = bodies.get(family.name)
+            if parts is None:
+                families[family.name] = family
+                parts = bodies[family.name] = []
+            parts.append(body)
     text_parts: list[str] = []
     om_parts: list[str] = []
-    for name, lines in lines_by_name.items():
-        if not lines:
+    for name, parts in bodies.items():
+        if not parts:
             continue
-        family = families[name]
-        help_text = family.help.replace("\\", "\\\\").replace("\n", "\\n")
-        body = "".join(lines)
-        kind = family.type.value
-        text_parts.append(f"# HELP {name} {help_text}\n# TYPE {name} {kind}\n{body}")
-        om_name = family.openmetrics_name
-        om_parts.append(f"# HELP {om_name} {help_text}\n# TYPE {om_name} {kind}\n{body}")
+        text_header, om_header = families[name].headers
+        body = "".join(parts)
+        text_parts += (text_header, body)
+        om_parts += (om_header, body)
     om_parts.append("# EOF\n")
     return Exposition(
         text="".join(text_parts).encode(),

@@ -7,12 +7,15 @@ import gzip
 import pytest
 
 from gpu_exporter.exposition import (
+    BlockWriter,
     Sample,
     counter,
     format_value,
     gauge,
     label_string,
     render,
+    render_block,
+    render_blocks,
     wants_openmetrics,
 )
 from tests.conftest import promtool_check_metrics
@@ -51,6 +54,27 @@ def test_openmetrics_names_counter_families_without_total_and_ends_with_eof() ->
     assert body.endswith("# EOF\n")
 
 
+def test_blocks_rendered_once_join_into_one_group_per_family_in_block_order() -> None:
+    # A slow collector's block is kept between its rounds; a fast one's is new each round.
+    slow = render_block([Sample(ENERGY, gpu(0), 10.5), Sample(POWER, gpu(0), 300)])
+    fast = BlockWriter(prefix=gpu(1))
+    fast.add(POWER, 250.25)
+    fast.add(ENERGY, 7, 'source="field"')
+    joined = render_blocks([slow, fast.block()], [POWER, ENERGY])
+    assert joined.text.decode() == (
+        "# HELP gpu_power_watts Power draw, in watts.\n"
+        "# TYPE gpu_power_watts gauge\n"
+        'gpu_power_watts{gpu="0",uuid="GPU-0"} 300\n'
+        'gpu_power_watts{gpu="1",uuid="GPU-1"} 250.25\n'
+        "# HELP gpu_energy_joules_total Energy consumed, in joules.\n"
+        "# TYPE gpu_energy_joules_total counter\n"
+        'gpu_energy_joules_total{gpu="0",uuid="GPU-0"} 10.5\n'
+        'gpu_energy_joules_total{gpu="1",uuid="GPU-1",source="field"} 7\n'
+    )
+    again = render_blocks([slow, fast.block()], [POWER, ENERGY])
+    assert again.text == joined.text, "a kept block renders the same bytes every time"
+
+
 def test_families_without_samples_are_omitted() -> None:
     text = render([Sample(POWER, gpu(0), 1)], [UNUSED, POWER]).text.decode()
     assert "gpu_unused_ratio" not in text
@@ -67,6 +91,16 @@ def test_label_values_are_escaped() -> None:
 )
 def test_values_are_formatted_as_prometheus_expects(value: float, expected: str) -> None:
     assert format_value(value) == expected
+
+
+@pytest.mark.parametrize(
+    "value", [0, 3, -0.0, 1e15, 1e15 - 1, -1e15, 2**63, 0.1, float("nan"), float("-inf")]
+)
+def test_a_block_writes_each_value_as_format_value_does(value: float) -> None:
+    writer = BlockWriter()
+    writer.add(POWER, value)
+    ((_family, body),) = writer.block().families
+    assert body == f"gpu_power_watts {format_value(value)}\n"
 
 
 def test_nan_is_rendered_as_nan() -> None:

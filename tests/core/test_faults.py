@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from concurrent.futures import Future
 
 import pytest
 
@@ -61,6 +63,10 @@ async def test_a_hung_call_fails_its_collector_on_that_gpu_only() -> None:
         assert one(still_hung, "gpu_exporter_collector_success", collector="power") == 0
         assert one(still_hung, "gpu_exporter_sample_age_seconds", collector="power") >= 2
         assert one(still_hung, "gpu_exporter_collector_success", collector="memory") == 1
+        # A GPU's collectors run in turn on one worker; those queued behind the hung call
+        # missed one round and run again once it is left out of the GPU's batch.
+        assert one(still_hung, "gpu_exporter_collector_success", collector="clocks") == 1
+        assert one(still_hung, "gpu_exporter_sample_age_seconds", collector="clocks") == 0
 
         # The other GPUs' energy keeps counting; the hung GPU serves its last value.
         def energy(series: dict, gpu: str) -> float:  # type: ignore[type-arg]
@@ -75,6 +81,25 @@ async def test_a_hung_call_fails_its_collector_on_that_gpu_only() -> None:
         assert one(recovered, "gpu_exporter_collector_success", collector="power") == 1
         assert one(recovered, "gpu_exporter_nvml_hung_calls") == 0
         assert energy(recovered, "1") > energy(first, "1")
+
+
+async def test_a_round_hands_the_pool_one_task_per_gpu_not_one_per_collector() -> None:
+    async with simulated_sampler(THREE_BUSY_GPUS) as sim:
+        await sim.fast_round()
+        submitted: list[object] = []
+        submit = sim.sampler_pool.submit
+
+        def counted(fn: Callable[[], object]) -> Future[object]:
+            submitted.append(fn)
+            return submit(fn)
+
+        sim.sampler_pool.submit = counted  # type: ignore[assignment]
+        series = await sim.fast_round()
+        tasks = len(submitted)
+    assert tasks == 3, "a task costs a future and a thread hand-off: one per GPU"
+    fast = {"activity", "utilization", "memory", "power", "temperature", "clocks"}
+    for collector in fast:
+        assert one(series, "gpu_exporter_collector_success", collector=collector) == 1
 
 
 async def test_an_unexpected_error_omits_one_series_and_is_counted() -> None:

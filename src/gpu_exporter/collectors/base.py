@@ -19,7 +19,7 @@ from typing import ClassVar
 
 from ..config import Config
 from ..devices import Device, DeviceId
-from ..exposition import Family, Sample, join_labels
+from ..exposition import BlockWriter, Family
 from ..ledger import ActivityLedger
 from ..migprofiles import MigProfileBook
 from ..nvml import DeviceCalls
@@ -62,15 +62,16 @@ class CollectorContext:
         return self.fields.batch(device.uuid, cadence.value, interval)
 
 
-@dataclass
-class SampleWriter:
-    """Collects one device's samples, prefixing the device's pre-rendered labels."""
+class SampleWriter(BlockWriter):
+    """Writes one device's samples as exposition lines, each led by the device's labels.
 
-    device_labels: str
-    samples: list[Sample] = field(default_factory=list)
+    The lines are rendered here, once, on the worker thread: a job's block is reused by every
+    render until the job runs again (docs/performance.md, "Rendering")."""
 
-    def add(self, family: Family, value: float, labels: str = "") -> None:
-        self.samples.append(Sample(family, join_labels(self.device_labels, labels), float(value)))
+    __slots__ = ()
+
+    def __init__(self, device_labels: str) -> None:
+        super().__init__(prefix=device_labels)
 
 
 class Collector(ABC):

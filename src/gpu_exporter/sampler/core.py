@@ -15,7 +15,7 @@ import pynvml
 from ..collectors import ALL_COLLECTORS, Cadence, Collector, CollectorContext
 from ..config import Config
 from ..devices import Device, DeviceId, Gpu, SystemInfo, discover_gpu, init_nvml
-from ..exposition import Exposition, Sample, render
+from ..exposition import Block, Exposition, render, render_blocks
 from ..ledger import ActivityLedger
 from ..logs import RateLimitedLog, get_logger
 from ..migprofiles import MigProfileBook
@@ -29,9 +29,10 @@ from ..nvml import (
 )
 from ..ticks import ticks
 from .health import loops_healthy, problems
-from .jobs import Job, JobOutcome, Pending, close_jobs, make_jobs, run_job, settle
+from .jobs import Batch, Job, Pending, close_jobs, make_jobs, settle
 from .liveness import GpuState, Liveness
-from .rendering import IdentityCache, all_samples, family_order
+from .outcomes import Outcomes
+from .rendering import IdentityCache, all_blocks, family_order
 from .selfmetrics import SelfMetrics
 from .sources import DeviceListener, SampleSource
 
@@ -63,7 +64,9 @@ class Sampler:
         self._support = SupportRegistry()
         self._errors = ErrorCounter()
         self._rlog = RateLimitedLog(_log, period=60.0, clock=clock)
-        self._raised: set[tuple[str, type[BaseException]]] = set()
+        self._outcomes = Outcomes(
+            pool, self._errors, self._rlog, clock=clock, nvml_timeout=config.nvml_timeout
+        )
         self._sources: list[SampleSource] = []
         self._identities = IdentityCache()
         self._self_metrics = SelfMetrics(c.name for c in self._collector_types)
@@ -238,91 +241,38 @@ class Sampler:
     def _submit_jobs(
         self, cadence: Cadence, work: dict[concurrent.futures.Future[Any], Pending]
     ) -> None:
+        """One batch per GPU (its MIG instances' jobs included) for this cadence; a job stuck in
+        an earlier call is left out."""
         for state in self._gpus:
             if not state.up:
                 continue
+            ready = []
             for job in state.jobs:
                 if job.collector.cadence is not cadence:
                     continue
                 if job.hung:
                     job.ok = False  # still stuck in an earlier call: skip, keep the old samples
-                    continue
-                job.calls.failures = []
-                job.future = self._submit(
-                    partial(run_job, job),
-                    work,
-                    Pending(partial(self._finish, state, job), partial(self._give_up, job)),
-                )
-                if job.future is None:
-                    job.ok = False
+                else:
+                    ready.append(job)
+            if ready:
+                self._submit_batch(state, Batch(ready), work)
 
-    def _finish(
-        self, state: GpuState, job: Job, future: concurrent.futures.Future[JobOutcome]
+    def _submit_batch(
+        self, state: GpuState, batch: Batch, work: dict[concurrent.futures.Future[Any], Pending]
     ) -> None:
-        exc = future.exception()
-        if isinstance(exc, DeviceLost):
-            job.ok = False
-            if state.suspect_loss():  # confirmed or dismissed by the next fast round's probe
-                self._log_once(
-                    ("suspect", state.index),
-                    "gpu may be lost; probing it",
-                    gpu=state.index,
-                    function=exc.function,
-                )
-            return
-        if exc is not None:
-            job.ok = False
-            self._collector_raised(job, exc)
-            return
-        outcome = future.result()
-        job.samples = outcome.samples
-        job.duration = outcome.duration
-        job.ok = not outcome.failures
-        job.last_success = self._clock()
-        if outcome.failures:
-            self._log_once(
-                (job.name, job.calls.uuid, "nvml"),
-                "nvml calls failed",
-                collector=job.name,
-                uuid=job.calls.uuid,
-                failures=[f"{function}: {error}" for function, error in outcome.failures],
-            )
-
-    def _collector_raised(self, job: Job, exc: BaseException) -> None:
-        """A collector raised something that is not an NVML error: a bug. Its traceback is logged
-        once per (collector, exception type); repeats are rate-limited one-line warnings."""
-        key = (job.name, type(exc))
-        if key not in self._raised:
-            self._raised.add(key)
-            _log.error(
-                "collector raised; this is a bug",
-                collector=job.name,
-                uuid=job.calls.uuid,
-                exc_info=exc,
-            )
-            return
-        self._log_once(
-            (job.name, job.calls.uuid, type(exc).__name__),
-            "collector failed",
-            collector=job.name,
-            uuid=job.calls.uuid,
-            error=repr(exc),
+        future = self._submit(
+            batch.run,
+            work,
+            Pending(
+                partial(self._outcomes.done, state, batch),
+                partial(self._outcomes.late, state, batch),
+            ),
         )
-
-    def _give_up(self, job: Job) -> None:
-        function = job.calls.current_function or "unknown"
-        if job.future is not None:
-            self._pool.abandon(job.future)
-        job.ok = False
-        self._errors.add(function, "timeout")
-        self._log_once(
-            (job.name, job.calls.uuid, "timeout"),
-            "nvml call timed out; serving the last samples",
-            collector=job.name,
-            uuid=job.calls.uuid,
-            function=function,
-            timeout_s=self._config.nvml_timeout,
-        )
+        if future is not None:
+            batch.future = future
+            return
+        for job in batch.jobs:
+            job.ok = False
 
     # -- lost GPUs and inventory changes ----------------------------------------------------
 
@@ -450,10 +400,10 @@ class Sampler:
         self._render()
 
     def _render(self) -> None:
-        self._exposition = render(self._collect_samples(), self._family_order)
+        self._exposition = render_blocks(self._collect_blocks(), self._family_order)
         self._rendered.set()
 
-    def _collect_samples(self) -> Iterator[Sample]:
+    def _collect_blocks(self) -> Iterator[Block]:
         jobs = (job for state in self._gpus for job in state.jobs)
         self_samples = self._self_metrics.samples(
             jobs,
@@ -462,7 +412,7 @@ class Sampler:
             errors=self._errors,
             hung_calls=self._pool.abandoned_count,
         )
-        return all_samples(self._system, self._gpus, self._identities, self._sources, self_samples)
+        return all_blocks(self._system, self._gpus, self._identities, self._sources, self_samples)
 
     # -- helpers -----------------------------------------------------------------------------
 

@@ -8,18 +8,18 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from contextlib import suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ..collectors import Collector, CollectorContext, SampleWriter
 from ..devices import Gpu
-from ..exposition import Sample
+from ..exposition import EMPTY_BLOCK, Block
 from ..nvml import DeviceCalls, ErrorCounter, PoolExhausted, SupportRegistry, WorkerPool
 
 
 @dataclass
 class JobOutcome:
-    samples: list[Sample]
+    block: Block
     duration: float
     failures: list[tuple[str, str]]
 
@@ -36,11 +36,14 @@ class Pending:
 class Job:
     collector: Collector
     calls: DeviceCalls
-    future: concurrent.futures.Future[JobOutcome] | None = None
-    samples: list[Sample] = field(default_factory=list)
+    block: Block = EMPTY_BLOCK  # the last run's samples, rendered once
     ok: bool = True
     duration: float = 0.0
     last_success: float | None = None
+    # Written by the worker thread: True while collect() runs (still True at the start of a
+    # later round: stuck in a hung call), and what this round's run gave (None: not run yet).
+    running: bool = False
+    outcome: JobOutcome | BaseException | None = None
 
     @property
     def name(self) -> str:
@@ -48,7 +51,42 @@ class Job:
 
     @property
     def hung(self) -> bool:
-        return self.future is not None and not self.future.done()
+        """Still in a call from an earlier round (the sampler asks between rounds)."""
+        return self.running
+
+
+class Batch:
+    """One device's jobs of one cadence, run in turn on one worker thread.
+
+    One pool task per device and round, not one per job: a task costs a future, a queue hand-off
+    and a thread wake-up, which on an 8-GPU node came to more than the collectors' own work. A
+    hung call still holds up only its own collector: the sampler gives up on the batch at the
+    round's deadline (the job running then is the hung one; those after it did not run this
+    round), and the next round leaves the hung job out of the device's new batch. An abandoned
+    batch whose call returns runs nothing more.
+    """
+
+    __slots__ = ("abandoned", "future", "jobs")
+
+    def __init__(self, jobs: Sequence[Job]) -> None:
+        self.jobs = tuple(jobs)
+        self.abandoned = False
+        self.future: concurrent.futures.Future[None] | None = None
+        for job in self.jobs:
+            job.outcome = None
+            job.calls.failures = []
+
+    def run(self) -> None:
+        for job in self.jobs:
+            if self.abandoned:
+                return
+            job.running = True
+            try:
+                job.outcome = run_job(job)
+            except BaseException as exc:  # delivered to the sampler on the loop, not lost
+                job.outcome = exc
+            finally:
+                job.running = False
 
 
 def make_jobs(
@@ -92,7 +130,7 @@ def run_job(job: Job) -> JobOutcome:
     started = time.perf_counter()
     writer = SampleWriter(job.collector.device.id.labels)
     job.collector.collect(job.calls, writer)
-    return JobOutcome(writer.samples, time.perf_counter() - started, list(job.calls.failures))
+    return JobOutcome(writer.block(), time.perf_counter() - started, list(job.calls.failures))
 
 
 async def settle(work: dict[concurrent.futures.Future[Any], Pending], wait_s: float) -> None:

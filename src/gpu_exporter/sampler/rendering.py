@@ -1,5 +1,5 @@
-"""Everything the exposition holds, in family order: identity, each job's last samples, the
-other parts' sources, the sampler's self-metrics."""
+"""Everything the exposition holds, in family order: identity, each job's last samples (as the
+block the job rendered), the other parts' sources, the sampler's self-metrics."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from .. import identity
 from ..collectors import Collector
 from ..devices import Device, DeviceId, SystemInfo
-from ..exposition import Family, Sample
+from ..exposition import Block, Family, Sample, render_block
 from .liveness import GpuState
 from .selfmetrics import SELF_FAMILIES
 from .sources import SampleSource
@@ -45,12 +45,26 @@ class IdentityCache:
         return sample
 
 
-def all_samples(
+def all_blocks(
     system: SystemInfo | None,
     gpus: Sequence[GpuState],
     identities: IdentityCache,
     sources: Iterable[SampleSource],
     self_samples: Iterable[Sample],
+) -> Iterator[Block]:
+    """The exposition's parts in order: identity, every job's block (kept from its last run, so
+    a slow job's lines are not formatted again each fast round), sources and self-metrics."""
+    yield render_block(_identity_samples(system, gpus, identities))
+    for state in gpus:
+        for job in state.jobs:
+            yield job.block
+    for source in sources:
+        yield render_block(source.samples())
+    yield render_block(self_samples)
+
+
+def _identity_samples(
+    system: SystemInfo | None, gpus: Sequence[GpuState], identities: IdentityCache
 ) -> Iterator[Sample]:
     yield identity.build_info(system)
     for state in gpus:
@@ -59,9 +73,3 @@ def all_samples(
             for device in devices:
                 yield identities.sample(device, system)
         yield identity.up_sample(state.up_labels, state.up)
-    for state in gpus:
-        for job in state.jobs:
-            yield from job.samples
-    for source in sources:
-        yield from source.samples()
-    yield from self_samples
