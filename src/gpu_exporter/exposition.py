@@ -111,6 +111,10 @@ class Exposition:
     openmetrics: bytes
     _gzipped: dict[bool, bytes] = field(default_factory=dict)
 
+    def cached_gzip(self, *, openmetrics: bool) -> bytes | None:
+        """The gzip body if it was built already (see ``http/gzipped.py``)."""
+        return self._gzipped.get(openmetrics)
+
     def body(self, *, openmetrics: bool, gzipped: bool) -> bytes:
         raw = self.openmetrics if openmetrics else self.text
         if not gzipped:

@@ -16,11 +16,13 @@ from ..exposition import (
     wants_openmetrics,
 )
 from ..sampler import Sampler
+from .gzipped import GzipBodies
 from .status import StatusPage
 from .webguard import RequestGuard
 
 SAMPLER_KEY: web.AppKey[Sampler] = web.AppKey("sampler", Sampler)
 STATUS_KEY: web.AppKey[StatusPage] = web.AppKey("status", StatusPage)
+GZIP_KEY: web.AppKey[GzipBodies] = web.AppKey("gzip", GzipBodies)
 # ?refresh=N on the status page: a person watching a node, not a poller (that is /status.json).
 MIN_REFRESH_SECONDS = 2
 MAX_REFRESH_SECONDS = 3600
@@ -42,6 +44,7 @@ def make_web_app(
         guard.install(app)
     app[SAMPLER_KEY] = sampler
     app[STATUS_KEY] = StatusPage(sampler, __version__)
+    app[GZIP_KEY] = GzipBodies()
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
@@ -64,7 +67,7 @@ def server_settings(read_timeout: float) -> dict[str, Any]:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    """Serve the last render: no NVML call, no encoding work beyond a cached gzip."""
+    """Serve the last render: no NVML call, no encoding work on the loop (gzip: gzipped.py)."""
     exposition = request.app[SAMPLER_KEY].exposition
     openmetrics = wants_openmetrics(request.headers.get("Accept", ""))
     gzipped = accepts_gzip(request.headers.get("Accept-Encoding", ""))
@@ -72,7 +75,10 @@ async def metrics(request: web.Request) -> web.Response:
     if gzipped:
         headers["Content-Encoding"] = "gzip"
     headers["Vary"] = "Accept, Accept-Encoding"
-    body = exposition.body(openmetrics=openmetrics, gzipped=gzipped)
+    if gzipped:
+        body = await request.app[GZIP_KEY].body(exposition, openmetrics=openmetrics)
+    else:
+        body = exposition.body(openmetrics=openmetrics, gzipped=False)
     return web.Response(body=body, headers=headers)
 
 
