@@ -225,7 +225,7 @@ class SimulatedNode(LinkEvents):
     @property
     def kmsg_lines(self) -> list[str]:
         """Kernel-log records emitted so far (``/dev/kmsg`` format, no trailing newline)."""
-        self.advance()
+        self.advance(integrate=False)
         return self.kmsg.lines
 
     def add_kmsg_sink(self, sink: Callable[[str], None]) -> None:
@@ -236,9 +236,10 @@ class SimulatedNode(LinkEvents):
 
     @property
     def allocations(self) -> list[Allocation]:
-        """Current allocations with the device ids a kubelet would list."""
+        """Current allocations with the device ids a kubelet would list (events applied; the
+        activity counters are not integrated: the kubelet's readers need none of them)."""
         with self.lock:
-            self.advance()
+            self.advance(integrate=False)
             return [self._allocation_view(a) for a in self._allocations]
 
     def _allocation_view(self, spec: AllocationSpec) -> Allocation:
