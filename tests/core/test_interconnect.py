@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 
 import pytest
 
+from gpu_exporter.collectors import fields
+from gpu_exporter.nvml.calls import FieldKey, FieldRequest
 from tests.helpers import one, select, simulated_sampler
 
 BUSY_H100 = """
@@ -134,3 +137,25 @@ async def test_every_field_signal_of_a_fast_round_comes_from_one_field_read_per_
     )
     per_gpu = (sum(after.values()) - sum(before.values())) / 2
     assert per_gpu <= 11, f"the fast round asks {per_gpu} NVML calls per GPU (14 before batching)"
+
+
+async def test_a_gpus_field_array_is_built_once_and_reused_round_after_round(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    built: list[tuple[object, ...]] = []
+
+    class CountedRequest(FieldRequest):
+        def __init__(self, keys: Sequence[FieldKey]) -> None:
+            super().__init__(keys)
+            built.append(self.keys)
+
+    monkeypatch.setattr(fields, "FieldRequest", CountedRequest)
+    async with simulated_sampler(BUSY_H100) as sim:
+        await sim.fast_round()
+        await sim.fast_round()  # the first round learns which fields the GPUs lack
+        settled = len(built)
+        for _ in range(3):
+            series = await sim.fast_round()
+    assert len(built) == settled, "a field array was rebuilt though the fields did not change"
+    assert one(series, "gpu_pcie_replays_total", gpu="0") == 0, "the reused array still answers"
+    assert one(series, "gpu_energy_joules_total", gpu="0") > 0

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from ..nvml import DeviceCalls
-from ..nvml.calls import FieldKey, FieldValue, field_signal
+from ..nvml.calls import FieldKey, FieldRequest, FieldValue, field_signal
 
 # Jobs of one round start within milliseconds of each other; rounds are >= 0.5 s apart.
 FRESH_FOR = 0.25
@@ -36,6 +36,7 @@ class FieldBatch:
         self._wanted: dict[FieldKey, None] = {}  # insertion-ordered set
         self._values: Mapping[FieldKey, FieldValue] = {}
         self._numbers: Mapping[FieldKey, float] = {}
+        self._request: FieldRequest | None = None  # the wanted fields' array, reused
         self._read_at: float | None = None
         self._grown = False  # fields were added since the last read
         self._served: set[str] = set()  # collectors (DeviceCalls.collector) given this answer
@@ -67,9 +68,11 @@ class FieldBatch:
         if fresh and not self._grown and calls.collector not in self._served:
             self._served.add(calls.collector)
             return
+        if self._grown or self._request is None:
+            self._request = FieldRequest(tuple(self._wanted))
         self._grown = False
         self._served = {calls.collector}
-        self._values = calls.field_values(handle, tuple(self._wanted))
+        self._values = calls.field_values(handle, self._request)
         self._numbers = {key: v.value for key, v in self._values.items()}
         self._read_at = self._clock()
         if len(self._values) < len(self._wanted):
@@ -79,6 +82,7 @@ class FieldBatch:
         """Forget fields the device lacks, so later rounds do not even filter them out."""
         for key in [k for k in self._wanted if calls.lacks(field_signal(k))]:
             del self._wanted[key]
+            self._request = None
 
     @property
     def wanted(self) -> tuple[FieldKey, ...]:

@@ -156,27 +156,27 @@ class DeviceCalls:
         return {key: v.value for key, v in self.field_values(handle, field_ids).items()}
 
     def field_values(
-        self, handle: Any, field_ids: Sequence[FieldKey]
+        self, handle: Any, fields: FieldRequest | Sequence[FieldKey]
     ) -> dict[FieldKey, FieldValue]:
         """Read NVML field values; fields the device lacks are remembered and not asked again.
 
         A key is a field id, or ``(field id, scope id)`` for a field that needs a scope (an NVLink
-        link). ``nvmlDeviceGetFieldValues`` succeeds when any field was filled, so each value's
-        own ``nvmlReturn`` is checked and its union member read according to ``valueType``;
-        values come back in request order, so each is filed under the key it was asked by. A
-        per-field NotSupported, FunctionNotFound or InvalidArgument (what a driver whose header
-        predates the id may answer: unverified) marks that one field unsupported for the device.
+        link); a :class:`FieldRequest` is a prepared list of keys, reused round after round.
+        ``nvmlDeviceGetFieldValues`` succeeds when any field was filled, so each value's own
+        ``nvmlReturn`` is checked and its union member read according to ``valueType``; values
+        come back in request order, so each is filed under the key it was asked by. A per-field
+        NotSupported, FunctionNotFound or InvalidArgument (what a driver whose header predates
+        the id may answer: unverified) marks that one field unsupported for the device.
         """
+        request = fields if isinstance(fields, FieldRequest) else FieldRequest(fields)
         lacking = self._support.unsupported(self.uuid)
-        wanted = [f for f in field_ids if field_signal(f) not in lacking] if lacking else field_ids
-        if not wanted:
+        if lacking and any(field_signal(key) in lacking for key in request.keys):
+            request = FieldRequest([k for k in request.keys if field_signal(k) not in lacking])
+        if not request.keys:
             return {}
-        # Every id as (id, scope): pynvml's wrapper takes a bare id through a caught TypeError,
-        # which costs more than the rest of a field's handling (scope 0 is NVML's default).
-        scoped = [key if isinstance(key, tuple) else (key, 0) for key in wanted]
-        values = self.get(pynvml.nvmlDeviceGetFieldValues, handle, scoped, signal="field_values")
+        values = self.get(nvmlDeviceGetFieldValues, handle, request, signal="field_values")
         result: dict[FieldKey, FieldValue] = {}
-        for key, (code, number, kind, stamp) in zip(wanted, _decode(values), strict=False):
+        for key, (code, number, kind, stamp) in zip(request.keys, _decode(values), strict=False):
             if code == pynvml.NVML_SUCCESS:
                 result[key] = FieldValue(number, kind, stamp)
             elif code in _FIELD_UNSUPPORTED:
@@ -226,6 +226,38 @@ _FIELD_UNSUPPORTED = frozenset(
 
 # A field id, or (field id, scope id) for fields read per link or per scope.
 FieldKey = int | tuple[int, int]
+
+
+class FieldRequest:
+    """The ``c_nvmlFieldValue_t`` array for a fixed list of keys, built once and reused.
+
+    pynvml's wrapper builds the array on every call, with two Python-level struct writes per
+    field (about 40 per GPU and round). NVML reads only ``fieldId`` and ``scopeId`` and writes
+    the rest, so one array serves every round of a batch whose fields do not change."""
+
+    __slots__ = ("keys", "values")
+
+    def __init__(self, keys: Sequence[FieldKey]) -> None:
+        self.keys: tuple[FieldKey, ...] = tuple(keys)
+        self.values = (pynvml.c_nvmlFieldValue_t * len(self.keys))()
+        for slot, key in zip(self.values, self.keys, strict=True):
+            slot.fieldId, slot.scopeId = _scoped(key)
+
+
+def nvmlDeviceGetFieldValues(handle: Any, request: FieldRequest) -> Any:
+    """``pynvml.nvmlDeviceGetFieldValues`` on a prepared array (named as the C function, for the
+    error counts and the hung-call report). It takes the C function as pynvml's own wrappers do,
+    through ``_nvmlGetFunctionPointer`` (private, but the loader every wrapper in nvidia-ml-py has
+    used since its first release; the image pins the version)."""
+    function = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetFieldValues")
+    answer = function(handle, ctypes.c_int32(len(request.keys)), ctypes.byref(request.values))
+    if answer != pynvml.NVML_SUCCESS:
+        raise pynvml.NVMLError(answer)
+    return request.values
+
+
+def _scoped(key: FieldKey) -> tuple[int, int]:
+    return key if isinstance(key, tuple) else (key, 0)  # scope 0: NVML's default
 
 
 @cache
