@@ -52,7 +52,7 @@ class GrpcioKubelet:
             return grpc.unary_unary_rpc_method_handler(fn, lambda b: b, lambda b: b)
 
         async def list_pods(request: bytes, context: Any) -> bytes:
-            return list_response(MANY).SerializeToString()
+            return list_response(MANY)
 
         async def allocatable(request: bytes, context: Any) -> bytes:
             await context.abort(grpc.StatusCode.UNKNOWN, REFUSAL)

@@ -11,7 +11,9 @@ import pytest
 import yaml
 from google.protobuf import descriptor_pb2
 
+from gpu_exporter.allocation.podresources import ContainerDevices, read_list
 from gpu_exporter.allocation.proto import podresources_pb2 as pb
+from gpu_exporter.allocation.protowire import parse, text
 
 PROTO_DIR = Path(pb.__file__).parent
 SRC = PROTO_DIR.parents[2]
@@ -136,6 +138,9 @@ def test_cpu_and_memory_fields_parse_and_unknown_fields_are_skipped() -> None:
     )
     assert list(parsed.cpu_ids) == [1, 2]
     assert list(message.pod_resources[0].cpu_ids) == [5]
+    # The exporter's own reader (protowire, no protobuf runtime) skips the same fields.
+    containers, _ = read_list(b"\x0a" + bytes([len(pod)]) + pod)
+    assert containers == [ContainerDevices("n", "p", "c", "nvidia.com/gpu", ("GPU",))]
 
 
 def test_a_kubelet_before_1_31_sends_class_name_which_is_skipped() -> None:
@@ -148,6 +153,8 @@ def test_a_kubelet_before_1_31_sends_class_name_which_is_skipped() -> None:
     assert parsed.claim_name == "c"
     assert [d.name for d in parsed.claim_resources[0].cdi_devices] == ["k/c=d"]
     assert not parsed.claim_resources[0].HasField("share_id")
+    fields = parse(dynamic, "DynamicResource")  # the exporter's reader skips class_name too
+    assert (text(fields, "claim_name"), len(fields["claim_resources"])) == ("c", 1)
 
 
 @needs_grpc_tools

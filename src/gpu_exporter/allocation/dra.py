@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from ..devices import DeviceId
 from .cdi import CdiIndex, DeviceNodes
 
-if TYPE_CHECKING:  # the client (h2, protobuf) is imported only when the subsystem is built
+if TYPE_CHECKING:  # the client (h2) is imported only when the subsystem is built
     from .podresources import ClaimDevice
 
 GPU_DRIVER = "gpu.nvidia.com"

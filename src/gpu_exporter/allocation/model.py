@@ -16,7 +16,7 @@ from .cdi import CdiIndex
 from .dra import GPU_DRIVER, Unresolved, resolve_claims
 from .ids import is_gpu_resource, parse_device_id, resolve, schedulable
 
-if TYPE_CHECKING:  # the client (h2, protobuf) is imported only when the subsystem is built
+if TYPE_CHECKING:  # the client (h2) is imported only when the subsystem is built
     from .podresources import PodResourcesSnapshot
 
 PodKey = tuple[str, str]  # (namespace, pod)

@@ -8,19 +8,17 @@ The calls are gRPC on the wire, made by :mod:`.grpcwire` (HTTP/2 on asyncio, no 
 ~14 MiB less resident memory and no threads of its own). They never block the event loop and
 each has a deadline. Each fetch opens its own connection and closes it, so a kubelet restart (a
 new socket file) or a socket that appears late is picked up by the next poll, with no reconnect
-backoff in the way.
+backoff in the way. The answers are read by :mod:`.protowire` (no protobuf runtime).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from google.protobuf.message import DecodeError
-
 from .grpcwire import Connection, RpcError, StatusCode, method_path
-from .proto import podresources_pb2 as pb
+from .protowire import SERVICE, WireError, parse, text, utf8
 
 
 @dataclass(frozen=True)
@@ -76,12 +74,10 @@ class PodResourcesError(RuntimeError):
 # the kubelet returns a plain Go error), while List still works.
 _ALLOCATABLE_DISABLED = "GetAllocatableResources disabled"
 
-_METHODS = pb.DESCRIPTOR.services_by_name["PodResourcesLister"].methods_by_name
-LIST = method_path(_METHODS["List"].full_name)
-GET_ALLOCATABLE = method_path(_METHODS["GetAllocatableResources"].full_name)
-GET = method_path(_METHODS["Get"].full_name)
-_LIST_REQUEST = pb.ListPodResourcesRequest().SerializeToString()
-_ALLOCATABLE_REQUEST = pb.AllocatableResourcesRequest().SerializeToString()
+LIST = method_path(f"{SERVICE}.List")
+GET_ALLOCATABLE = method_path(f"{SERVICE}.GetAllocatableResources")
+GET = method_path(f"{SERVICE}.Get")
+_EMPTY_REQUEST = b""  # ListPodResourcesRequest and AllocatableResourcesRequest have no fields
 
 
 class PodResourcesClient:
@@ -95,68 +91,89 @@ class PodResourcesClient:
         try:
             connection = await Connection.open(self._socket)
             try:
-                listed = pb.ListPodResourcesResponse.FromString(
-                    await connection.call(LIST, _LIST_REQUEST, deadline=self._timeout)
+                listed = read_list(
+                    await connection.call(LIST, _EMPTY_REQUEST, deadline=self._timeout)
                 )
                 allocatable = await self._allocatable(connection)
             finally:
                 await connection.close()
         except RpcError as exc:
             raise PodResourcesError(f"{exc.code.name}: {exc.details}") from exc
-        except DecodeError as exc:
+        except WireError as exc:
             raise PodResourcesError(f"INTERNAL: undecodable answer: {exc}") from exc
-        return PodResourcesSnapshot(
-            tuple(_containers(listed.pod_resources)),
-            allocatable,
-            tuple(_claims(listed.pod_resources)),
-        )
+        containers, claims = listed
+        return PodResourcesSnapshot(tuple(containers), allocatable, tuple(claims))
 
     async def close(self) -> None:
         """Nothing stays open between fetches (kept for the subsystem's shutdown)."""
 
     async def _allocatable(self, connection: Connection) -> tuple[tuple[str, str], ...] | None:
         try:
-            answer = await connection.call(
-                GET_ALLOCATABLE, _ALLOCATABLE_REQUEST, deadline=self._timeout
-            )
+            answer = await connection.call(GET_ALLOCATABLE, _EMPTY_REQUEST, deadline=self._timeout)
         except RpcError as exc:
             if _not_served(exc):
                 return None
             raise
-        response = pb.AllocatableResourcesResponse.FromString(answer)
-        return tuple((d.resource_name, i) for d in response.devices for i in d.device_ids)
+        return tuple(read_allocatable(answer))
 
 
-def _containers(pods: Iterable[pb.PodResources]) -> Iterable[ContainerDevices]:
-    for pod in pods:
-        for container in pod.containers:
-            for devices in container.devices:
-                yield ContainerDevices(
-                    pod.namespace,
-                    pod.name,
-                    container.name,
-                    devices.resource_name,
-                    tuple(devices.device_ids),
-                )
+def read_list(data: bytes) -> tuple[list[ContainerDevices], list[ClaimDevice]]:
+    """A ListPodResourcesResponse: device-plugin devices and DRA claim devices, in order."""
+    devices: list[ContainerDevices] = []
+    claims: list[ClaimDevice] = []
+    for pod_bytes in parse(data, "ListPodResourcesResponse").get("pod_resources", ()):
+        pod = parse(pod_bytes, "PodResources")
+        namespace, name = text(pod, "namespace"), text(pod, "name")
+        for container_bytes in pod.get("containers", ()):
+            container = parse(container_bytes, "ContainerResources")
+            where = (namespace, name, text(container, "name"))
+            devices.extend(_devices(where, container.get("devices", ())))
+            claims.extend(_claims(where, container.get("dynamic_resources", ())))
+    return devices, claims
 
 
-def _claims(pods: Iterable[pb.PodResources]) -> Iterable[ClaimDevice]:
-    for pod in pods:
-        for container in pod.containers:
-            for claim in container.dynamic_resources:
-                for resource in claim.claim_resources:
-                    yield ClaimDevice(
-                        pod.namespace,
-                        pod.name,
-                        container.name,
-                        claim.claim_namespace,
-                        claim.claim_name,
-                        resource.driver_name,
-                        resource.pool_name,
-                        resource.device_name,
-                        tuple(d.name for d in resource.cdi_devices),
-                        resource.share_id if resource.HasField("share_id") else None,
-                    )
+def _devices(where: tuple[str, str, str], entries: Iterable[bytes]) -> Iterator[ContainerDevices]:
+    for entry in entries:
+        fields = parse(entry, "ContainerDevices")
+        ids = tuple(utf8(i) for i in fields.get("device_ids", ()))
+        yield ContainerDevices(*where, text(fields, "resource_name"), ids)
+
+
+def _claims(where: tuple[str, str, str], entries: Iterable[bytes]) -> Iterator[ClaimDevice]:
+    for entry in entries:
+        claim = parse(entry, "DynamicResource")
+        names = (text(claim, "claim_namespace"), text(claim, "claim_name"))
+        for resource_bytes in claim.get("claim_resources", ()):
+            resource = parse(resource_bytes, "ClaimResource")
+            cdi = tuple(
+                text(parse(d, "CDIDevice"), "name") for d in resource.get("cdi_devices", ())
+            )
+            share = resource.get("share_id")
+            yield ClaimDevice(
+                *where,
+                *names,
+                text(resource, "driver_name"),
+                text(resource, "pool_name"),
+                text(resource, "device_name"),
+                cdi,
+                utf8(share[-1]) if share else None,
+            )
+
+
+def read_allocatable(data: bytes) -> list[tuple[str, str]]:
+    """An AllocatableResourcesResponse: (resource, device id) of each schedulable device."""
+    out: list[tuple[str, str]] = []
+    for entry in parse(data, "AllocatableResourcesResponse").get("devices", ()):
+        fields = parse(entry, "ContainerDevices")
+        resource = text(fields, "resource_name")
+        out.extend((resource, utf8(i)) for i in fields.get("device_ids", ()))
+    return out
+
+
+def read_get_request(data: bytes) -> tuple[str, str]:
+    """A GetPodResourcesRequest: (namespace, pod)."""
+    fields = parse(data, "GetPodResourcesRequest")
+    return text(fields, "pod_namespace"), text(fields, "pod_name")
 
 
 def _not_served(exc: RpcError) -> bool:

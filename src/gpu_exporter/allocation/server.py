@@ -1,7 +1,8 @@
 """A pod-resources server (the kubelet's side of the API) for the simulator and tests.
 
-It speaks gRPC on a unix socket through :mod:`.grpcwire` (asyncio and HTTP/2, no gRPC runtime:
-the simulator's kubelet costs the exporter's process no gRPC threads or memory).
+It speaks gRPC on a unix socket through :mod:`.grpcwire` (asyncio and HTTP/2, no gRPC runtime)
+and writes the answers with :mod:`.protowire` (no protobuf runtime): the simulator's kubelet
+costs the exporter's process no threads and little memory.
 
 It serves whatever ``provider`` returns at each call, so allocations can change over time:
 device-plugin devices and DRA claims (``dynamic_resources``, grouped by claim as the kubelet
@@ -14,13 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from .grpcwire import Handler, RpcError, StatusCode, serve_connection
 from .podresources import GET, GET_ALLOCATABLE, LIST, ClaimDevice, ContainerDevices
-from .proto import podresources_pb2 as pb
+from .protowire import WireError, field, parse, text
 
 UNIMPLEMENTED = (StatusCode.UNIMPLEMENTED, "not served by this kubelet")
 ALLOCATABLE_DISABLED = (
@@ -40,52 +41,88 @@ class KubeletState:
 _Entry = ContainerDevices | ClaimDevice
 
 
-def list_response(
+def pod_messages(
     containers: Sequence[ContainerDevices], claims: Sequence[ClaimDevice] = ()
-) -> pb.ListPodResourcesResponse:
-    """Group container devices and claims into pods and containers, as the kubelet does."""
+) -> list[tuple[tuple[str, str], bytes]]:
+    """Each pod's PodResources, grouped into pods and containers as the kubelet does:
+    ((namespace, name), message) in the order the pods first appear."""
     pods: dict[tuple[str, str], dict[str, list[_Entry]]] = {}
     every: list[_Entry] = [*containers, *claims]
     for entry in every:
         by_container = pods.setdefault((entry.namespace, entry.pod), {})
         by_container.setdefault(entry.container, []).append(entry)
-    response = pb.ListPodResourcesResponse()
+    out = []
     for (namespace, name), by_container in pods.items():
-        pod = response.pod_resources.add(name=name, namespace=namespace)
-        for container_name, entries in by_container.items():
-            _fill_container(pod.containers.add(name=container_name), entries)
-    return response
+        body = field("PodResources", "name", name) + field("PodResources", "namespace", namespace)
+        for container, entries in by_container.items():
+            body += field("PodResources", "containers", _container(container, entries))
+        out.append(((namespace, name), body))
+    return out
 
 
-def _fill_container(container: pb.ContainerResources, entries: Sequence[_Entry]) -> None:
-    claims: dict[tuple[str, str], pb.DynamicResource] = {}
+def _container(name: str, entries: Sequence[_Entry]) -> bytes:
+    body = field("ContainerResources", "name", name)
+    claims: dict[tuple[str, str], list[ClaimDevice]] = {}
     for entry in entries:
         if isinstance(entry, ContainerDevices):
-            container.devices.add(resource_name=entry.resource, device_ids=list(entry.device_ids))
-            continue
-        key = (entry.claim_namespace, entry.claim_name)
-        if key not in claims:
-            claims[key] = container.dynamic_resources.add(
-                claim_name=entry.claim_name, claim_namespace=entry.claim_namespace
+            body += field(
+                "ContainerResources", "devices", _device_list(entry.resource, entry.device_ids)
             )
-        resource = claims[key].claim_resources.add(
-            driver_name=entry.driver, pool_name=entry.pool, device_name=entry.device
-        )
-        resource.cdi_devices.extend(pb.CDIDevice(name=n) for n in entry.cdi_devices)
-        if entry.share_id is not None:
-            resource.share_id = entry.share_id
+        else:
+            claims.setdefault((entry.claim_namespace, entry.claim_name), []).append(entry)
+    for (namespace, claim), devices in claims.items():
+        dynamic = field("DynamicResource", "claim_name", claim)
+        dynamic += field("DynamicResource", "claim_namespace", namespace)
+        for device in devices:
+            dynamic += field("DynamicResource", "claim_resources", _claim_resource(device))
+        body += field("ContainerResources", "dynamic_resources", dynamic)
+    return body
 
 
-def allocatable_response(
-    allocatable: Sequence[tuple[str, str]],
-) -> pb.AllocatableResourcesResponse:
+def _device_list(resource: str, ids: Iterable[str]) -> bytes:
+    body = field("ContainerDevices", "resource_name", resource)
+    for device_id in ids:
+        body += field("ContainerDevices", "device_ids", device_id, always=True)
+    return body
+
+
+def _claim_resource(device: ClaimDevice) -> bytes:
+    body = b"".join(
+        field("ClaimResource", "cdi_devices", field("CDIDevice", "name", n))
+        for n in device.cdi_devices
+    )
+    body += field("ClaimResource", "driver_name", device.driver)
+    body += field("ClaimResource", "pool_name", device.pool)
+    body += field("ClaimResource", "device_name", device.device)
+    if device.share_id is not None:
+        body += field("ClaimResource", "share_id", device.share_id, always=True)
+    return body
+
+
+def list_response(
+    containers: Sequence[ContainerDevices], claims: Sequence[ClaimDevice] = ()
+) -> bytes:
+    """A ListPodResourcesResponse: the pods of :func:`pod_messages`."""
+    pods = pod_messages(containers, claims)
+    message = "ListPodResourcesResponse"
+    return b"".join(field(message, "pod_resources", pod) for _, pod in pods)
+
+
+def allocatable_response(allocatable: Sequence[tuple[str, str]]) -> bytes:
+    """An AllocatableResourcesResponse: one ContainerDevices per resource, ids in order."""
     by_resource: dict[str, list[str]] = {}
     for resource, device_id in allocatable:
         by_resource.setdefault(resource, []).append(device_id)
-    response = pb.AllocatableResourcesResponse()
-    for resource, ids in by_resource.items():
-        response.devices.add(resource_name=resource, device_ids=ids)
-    return response
+    return b"".join(
+        field("AllocatableResourcesResponse", "devices", _device_list(r, ids))
+        for r, ids in by_resource.items()
+    )
+
+
+def read_get_request(data: bytes) -> tuple[str, str]:
+    """A GetPodResourcesRequest: (namespace, pod)."""
+    fields = parse(data, "GetPodResourcesRequest")
+    return text(fields, "pod_namespace"), text(fields, "pod_name")
 
 
 def _handlers(provider: Callable[[], KubeletState]) -> dict[str, Handler]:
@@ -93,24 +130,25 @@ def _handlers(provider: Callable[[], KubeletState]) -> dict[str, Handler]:
 
     async def list_pods(request: bytes) -> bytes:
         state = provider()
-        return bytes(list_response(state.containers, state.claims).SerializeToString())
+        return list_response(state.containers, state.claims)
 
     async def get_allocatable(request: bytes) -> bytes:
         state = provider()
         if state.allocatable is None:
             raise RpcError(*state.allocatable_refusal)
-        return bytes(allocatable_response(state.allocatable).SerializeToString())
+        return allocatable_response(state.allocatable)
 
     async def get_pod(request: bytes) -> bytes:
-        wanted = pb.GetPodResourcesRequest.FromString(request)
+        try:
+            wanted = read_get_request(request)
+        except WireError as exc:
+            raise RpcError(StatusCode.INTERNAL, f"undecodable request: {exc}") from None
         state = provider()
-        for pod in list_response(state.containers, state.claims).pod_resources:
-            if (pod.namespace, pod.name) == (wanted.pod_namespace, wanted.pod_name):
-                answer = pb.GetPodResourcesResponse(pod_resources=pod)
-                return bytes(answer.SerializeToString())
+        for key, pod in pod_messages(state.containers, state.claims):
+            if key == wanted:
+                return field("GetPodResourcesResponse", "pod_resources", pod)
         raise RpcError(  # the kubelet answers with a plain error: status UNKNOWN
-            StatusCode.UNKNOWN,
-            f"pod {wanted.pod_name} in namespace {wanted.pod_namespace} not found",
+            StatusCode.UNKNOWN, f"pod {wanted[1]} in namespace {wanted[0]} not found"
         )
 
     return {LIST: list_pods, GET_ALLOCATABLE: get_allocatable, GET: get_pod}
@@ -121,7 +159,8 @@ class PodResourcesServer:
 
     def __init__(self, socket_path: Path, provider: Callable[[], KubeletState]) -> None:
         self.socket_path = Path(socket_path)
-        self._handlers = _handlers(provider)
+        self._provider = provider  # looked up at each call (bench/simmeter.py wraps it)
+        self._handlers = _handlers(lambda: self._provider())
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
 
