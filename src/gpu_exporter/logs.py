@@ -37,7 +37,7 @@ def configure_logging(log_format: str, level: str) -> None:
 
 
 def _route_standard_logging(renderer: Any) -> None:
-    """Libraries that log through the standard ``logging`` module (gRPC, asyncio) write one
+    """Libraries that log through the standard ``logging`` module (aiohttp, asyncio) write one
     line in the same format, warnings and worse only, instead of bare text and tracebacks that
     a log pipeline expecting JSON lines would split or drop."""
     handler = logging.StreamHandler(sys.stderr)

@@ -16,6 +16,9 @@ from typing import Any
 
 import grpc
 import pytest
+from h2.config import H2Configuration
+from h2.connection import H2Connection
+from h2.events import StreamEnded
 
 from gpu_exporter.allocation.grpcwire import RpcError, StatusCode, call
 from gpu_exporter.allocation.podresources import (
@@ -154,3 +157,30 @@ async def test_grpcio_sees_the_own_servers_refusals(own_server: Path) -> None:
     assert (code, details) == (grpc.StatusCode.UNKNOWN, "pod gone in namespace ns not found")
     unknown = await asyncio.to_thread(grpcio_call, own_server, "/v1.PodResourcesLister/Watch", b"")
     assert unknown[0] is grpc.StatusCode.UNIMPLEMENTED
+
+
+async def test_an_answer_that_arrives_with_goaway_still_counts(short_dir: Path) -> None:
+    """A server shutting down gracefully answers, then sends GOAWAY, all in one write."""
+
+    async def answer_then_go_away(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        conn = H2Connection(H2Configuration(client_side=False))
+        conn.initiate_connection()
+        while data := await reader.read(65536):
+            for event in conn.receive_data(data):
+                if isinstance(event, StreamEnded):
+                    grpc_ok = [(":status", "200"), ("content-type", "application/grpc")]
+                    conn.send_headers(event.stream_id, grpc_ok)
+                    conn.send_data(event.stream_id, b"\x00\x00\x00\x00\x02hi")
+                    conn.send_headers(event.stream_id, [("grpc-status", "0")], end_stream=True)
+                    conn.close_connection()
+            writer.write(conn.data_to_send())
+        writer.close()
+
+    socket = short_dir / "goaway.sock"
+    server = await asyncio.start_unix_server(answer_then_go_away, str(socket))
+    try:
+        assert await call(socket, LIST, b"", deadline=5.0) == b"hi"
+    finally:
+        server.close()

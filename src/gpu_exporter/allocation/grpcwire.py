@@ -129,6 +129,7 @@ class Connection:
         self._conn.initiate_connection()
         _grow_windows(self._conn)
         self._answers: dict[int, _Answer] = {}
+        self._goaway: str | None = None  # why the server ended the connection, once it did
 
     @classmethod
     async def open(cls, socket_path: Path) -> Connection:
@@ -169,6 +170,8 @@ class Connection:
         self._conn.send_headers(stream, headers)
         self._conn.send_data(stream, frame(request), end_stream=True)
         while not answer.ended:
+            if self._goaway is not None:  # an answer that ended with it still counts
+                raise EOFError(self._goaway)
             await self._exchange()
         del self._answers[stream]
         return _result(answer)
@@ -184,7 +187,8 @@ class Connection:
 
     def _on(self, event: Event) -> None:
         if isinstance(event, ConnectionTerminated):
-            raise EOFError(f"GOAWAY (error code {event.error_code})")
+            self._goaway = f"GOAWAY (error code {event.error_code})"
+            return
         stream = getattr(event, "stream_id", None)
         answer = self._answers.get(stream) if stream is not None else None
         if answer is None:
