@@ -154,6 +154,7 @@ def build_exporter(config: Config) -> Exporter:
     allocation = _build_allocation(config, sampler, pool, kubelet) if config.allocation else None
     if allocation is not None:
         sampler.add_source(allocation)
+        sampler.add_round_listener(allocation)
     dcgm = _build_dcgm(config, sampler, pool, simulation)
     if dcgm is not None:
         sampler.add_source(dcgm)
@@ -292,8 +293,9 @@ def _build_allocation(
         executor=pool,
         idle_threshold=config.idle_threshold,
         poll_interval=config.pod_resources_interval,
-        # The ledger keeps only the latest point per device: update at twice the sampling rate.
-        update_interval=config.fast_interval / 2,
+        # Accounting runs after each fast round (round_done), so it sees every ledger point.
+        update_interval=None,
+        allocatable_interval=config.slow_interval,
         process_interval=5.0 if config.container_memory else None,
         errors=sampler.errors,
     )

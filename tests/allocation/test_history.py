@@ -101,9 +101,8 @@ async def test_holder_prefers_pid_on_shared_gpu(
     assert sub.holder(UUID_C, now, 4242) == SHARE_B
     assert sub.holder(UUID_C, now - 3600, None) is None  # before anyone held it
     kubelet.release("train")
-    await sub.poll()
     wall.advance(30)
-    sub.update()
+    await sub.poll()  # sees the release 30 s on: the tenure ends there (the poll accounts at once)
     assert sub.holder(UUID_A, now + 10, None) == TRAIN  # slightly in the past: still train
     assert sub.holder(UUID_A, wall.now, None) is None
     assert (GPU_A.uuid, GPU_C.uuid) == (UUID_A, UUID_C)

@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from gpu_exporter.allocation.grpcwire import StatusCode
+from gpu_exporter.allocation.samples import UNRESOLVED_REASONS
 from gpu_exporter.allocation.server import ALLOCATABLE_DISABLED
-from gpu_exporter.allocation.subsystem import UNRESOLVED_REASONS, AllocationSubsystem
+from gpu_exporter.allocation.subsystem import AllocationSubsystem
 from gpu_exporter.ledger import ActivityLedger
 from gpu_exporter.nvml import WorkerPool
 

@@ -8,12 +8,19 @@ The calls are gRPC on the wire, made by :mod:`.grpcwire` (HTTP/2 on asyncio, no 
 ~14 MiB less resident memory and no threads of its own). They never block the event loop and
 each has a deadline. Each fetch opens its own connection and closes it, so a kubelet restart (a
 new socket file) or a socket that appears late is picked up by the next poll, with no reconnect
-backoff in the way. The answers are read by :mod:`.protowire` (no protobuf runtime).
+backoff in the way. The answers are read by :mod:`.protowire` (no protobuf runtime); a ``List``
+answer byte for byte the same as the previous one is not read again.
+
+``GetAllocatableResources`` changes only with the device plugins (a MIG reconfiguration, a new
+sharing config), so its answer is kept and asked again only when ``List``'s answer changed, when
+the caller says so (its devices changed), every ``allocatable_interval`` seconds, or after a
+failed fetch (a restarted kubelet): one call per poll at rest instead of two.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,28 +88,74 @@ _EMPTY_REQUEST = b""  # ListPodResourcesRequest and AllocatableResourcesRequest 
 
 
 class PodResourcesClient:
-    def __init__(self, socket_path: Path, *, timeout: float = 2.0) -> None:
+    def __init__(
+        self,
+        socket_path: Path,
+        *,
+        timeout: float = 2.0,
+        allocatable_interval: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         # A relative path is taken relative to the working directory at start.
         self._socket = Path(socket_path).absolute()
         self._timeout = timeout
+        self._allocatable_interval = allocatable_interval
+        self._clock = clock
+        self._last: PodResourcesSnapshot | None = None  # with the allocatable answer it holds
+        self._last_list = b""  # the List answer it was read from
+        self._allocatable_at: float | None = None  # when that answer came; None: ask next time
 
-    async def fetch(self) -> PodResourcesSnapshot:
-        """List allocations and allocatable devices; raises PodResourcesError on failure."""
+    async def fetch(self, *, refresh_allocatable: bool = False) -> PodResourcesSnapshot:
+        """List allocations, with the allocatable devices (asked again when due, see the module
+        docstring, or when ``refresh_allocatable``); raises PodResourcesError on failure. An
+        answer equal to the previous one is that same snapshot object."""
         try:
             connection = await Connection.open(self._socket)
             try:
-                listed = read_list(
-                    await connection.call(LIST, _EMPTY_REQUEST, deadline=self._timeout)
-                )
-                allocatable = await self._allocatable(connection)
+                snapshot, answer = await self._fetch(connection, refresh_allocatable)
             finally:
                 await connection.close()
         except RpcError as exc:
+            self._allocatable_at = None
             raise PodResourcesError(f"{exc.code.name}: {exc.details}") from exc
         except WireError as exc:
+            self._allocatable_at = None
             raise PodResourcesError(f"INTERNAL: undecodable answer: {exc}") from exc
-        containers, claims = listed
-        return PodResourcesSnapshot(tuple(containers), allocatable, tuple(claims))
+        self._last_list = answer
+        if snapshot == self._last:
+            return self._last
+        self._last = snapshot
+        return snapshot
+
+    async def _fetch(
+        self, connection: Connection, refresh: bool
+    ) -> tuple[PodResourcesSnapshot, bytes]:
+        """The snapshot, and the List answer it was read from."""
+        answer = await connection.call(LIST, _EMPTY_REQUEST, deadline=self._timeout)
+        last = self._last
+        if last is not None and answer == self._last_list:
+            containers, claims = last.containers, last.claims  # the same answer: not read again
+        else:
+            listed, claimed = read_list(answer)
+            containers, claims = tuple(listed), tuple(claimed)
+        if last is not None and not refresh and self._current(last, containers, claims):
+            allocatable = last.allocatable
+        else:
+            allocatable = await self._allocatable(connection)
+            self._allocatable_at = self._clock()
+        return PodResourcesSnapshot(containers, allocatable, claims), answer
+
+    def _current(
+        self,
+        last: PodResourcesSnapshot,
+        containers: tuple[ContainerDevices, ...],
+        claims: tuple[ClaimDevice, ...],
+    ) -> bool:
+        """Whether ``last``'s allocatable answer still stands: recent, and nothing listed moved."""
+        at = self._allocatable_at
+        if at is None or self._clock() - at >= self._allocatable_interval:
+            return False
+        return containers == last.containers and claims == last.claims
 
     async def close(self) -> None:
         """Nothing stays open between fetches (kept for the subsystem's shutdown)."""

@@ -2,14 +2,19 @@
 
 Three background loops feed series the sampler renders (this is a SampleSource):
 
-- *poll* (every ``poll_interval``): the kubelet's pod-resources ``List`` and
-  ``GetAllocatableResources`` (gRPC by :mod:`.grpcwire`), each call with a deadline; while
-  containers hold DRA devices of ``gpu.nvidia.com``, the CDI spec directories and ``mig-minors``
-  too (on a worker thread, see :mod:`.cdi` and :mod:`.dra`). While the socket is absent or
-  failing, ``gpu_exporter_source_up{source="pod_resources"}`` is 0 and every allocation series is
-  withheld (unknown is not zero); the next successful poll brings them back.
-- *account* (every ``update_interval``): allocated and idle-allocated seconds per device and pod
-  (see :mod:`.accounting`) and the holder history used to attribute events (:meth:`holder`).
+- *poll* (every ``poll_interval``): the kubelet's pod-resources ``List`` (gRPC by
+  :mod:`.grpcwire`), and ``GetAllocatableResources`` when due (see :mod:`.podresources`: when
+  ``List`` or the devices changed, else every ``allocatable_interval``), each call with a
+  deadline; while containers hold DRA devices of ``gpu.nvidia.com``, the CDI spec directories
+  and ``mig-minors`` too (on a worker thread, see :mod:`.cdi` and :mod:`.dra`). While the socket
+  is absent or failing, ``gpu_exporter_source_up{source="pod_resources"}`` is 0 and every
+  allocation series is withheld (unknown is not zero); the next successful poll brings them
+  back. A poll that sees the holders change accounts and publishes at once.
+- *account* (after each fast sampling round, :meth:`round_done`, when the app wires the subsystem
+  to the sampler with ``update_interval=None``; else every ``update_interval``): allocated and
+  idle-allocated seconds per device and pod (see :mod:`.accounting`) and the holder history used
+  to attribute events (:meth:`holder`). Driven by the rounds, each accounting step sees exactly
+  one new ledger interval per device, and what it publishes is in that round's exposition.
 - *processes* (every ``process_interval``): GPU processes (NVML, on a worker thread) to their
   pods and containers through the host's ``/proc`` and pod log directories, for
   ``gpu_container_memory_used_bytes``, PID-based attribution, MPS clients and compute modes.
@@ -17,7 +22,8 @@ Three background loops feed series the sampler renders (this is a SampleSource):
   on a worker thread) summed per container (:mod:`.process_activity`), for
   ``gpu_container_sm_active_*`` and the per-pod idle rule on shared devices.
 
-Nothing here runs on the scrape path: :meth:`samples` returns the list the last update built.
+Nothing here runs on the scrape path: :meth:`samples` returns the list built from the last state,
+rebuilt (at the render that reads it) only after something changed.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from typing import Any, Protocol, TypeVar
 
 from ..config import Config
 from ..devices import Device, DeviceId
-from ..exposition import Family, Sample, join_labels, label_string
+from ..exposition import Family, Sample, label_string
 from ..families import SOURCE_UP
 from ..ledger import ActivityLedger
 from ..logs import RateLimitedLog, get_logger
@@ -43,36 +49,27 @@ from ..ticks import ticks
 from .accounting import IdleAccountant
 from .cdi import CdiIndex, CdiReader
 from .cgroups import PodName
-from .dra import DRA_REASONS, GPU_DRIVER
+from .dra import GPU_DRIVER
 from .history import HolderHistory
-from .metrics import (
-    ALLOCATED,
-    ALLOCATED_IDLE_SECONDS,
-    ALLOCATED_SECONDS,
-    ALLOCATION_INFO,
-    CONTAINER_MEMORY,
-    CONTAINER_MEMORY_BANDWIDTH,
-    CONTAINER_SM_ACTIVE,
-    CONTAINER_SM_ACTIVE_SECONDS,
-    FAMILIES,
-    IDLE_STREAK,
-    SHARING_INFO,
-    UNRESOLVED,
-)
+from .metrics import FAMILIES
 from .model import Allocations, PodKey, resolve_snapshot
 from .podresources import PodResourcesClient, PodResourcesError, PodResourcesSnapshot
 from .process_activity import ContainerActivity, Owner, ProcessSample, ProcessUtilizationReader
 from .processes import ComputeModeReader, NvmlProcessLister, ProcessLister, ScanResult, scan
 from .rightsizing import FAMILIES as RIGHTSIZING_FAMILIES
 from .rightsizing import RightSizer
-from .sharing import sharing_modes
+from .samples import (
+    UNKNOWN_DEVICE_ID,
+    UnresolvedCounts,
+    activity_samples,
+    allocation_samples,
+    memory_samples,
+    sharing_samples,
+)
 
 T = TypeVar("T")
 _log = get_logger("allocation")
 _SOURCE_LABELS = label_string({"source": "pod_resources"})
-# gpu_exporter_allocation_unresolved_total's reasons: a device-plugin id, or a DRA device.
-UNKNOWN_DEVICE_ID = "unknown_device_id"
-UNRESOLVED_REASONS = (UNKNOWN_DEVICE_ID, *DRA_REASONS)
 # A PID seen in a pod is remembered this long for attributing events to it (its process may have
 # died in the very fault being attributed).
 PID_RETENTION = 600.0
@@ -110,9 +107,10 @@ class AllocationSubsystem:
         mig_minors_path: Path = Config.nvidia_caps_path / "mig-minors",
         self_pod: PodKey | None = None,
         poll_interval: float = Config.pod_resources_interval,
-        update_interval: float = 0.5,
+        update_interval: float | None = 0.5,
         process_interval: float | None = 5.0,
         call_timeout: float = 2.0,
+        allocatable_interval: float = 30.0,
         process_lister: ProcessLister | None = None,
         utilization_reader: Callable[[Device], list[ProcessSample] | None] | None = None,
         errors: ErrorCounter | None = None,
@@ -120,7 +118,12 @@ class AllocationSubsystem:
         wall_clock: Callable[[], float] = time.time,
         mig_profiles: MigProfileBook | None = None,
     ) -> None:
-        self._client = PodResourcesClient(socket_path, timeout=call_timeout)
+        self._client = PodResourcesClient(
+            socket_path,
+            timeout=call_timeout,
+            allocatable_interval=allocatable_interval,
+            clock=clock,
+        )
         self._devices = devices
         self._executor = executor
         self._proc_path = proc_path
@@ -128,7 +131,7 @@ class AllocationSubsystem:
         self._cdi_reader = CdiReader(tuple(cdi_spec_dirs), mig_minors_path)
         self._cdi = CdiIndex()
         self._self_pod = self_pod
-        self._unresolved = _UnresolvedCounts()
+        self._unresolved = UnresolvedCounts()
         self._intervals = (poll_interval, update_interval, process_interval)
         self._scan_timeout = max(call_timeout, 5.0)
         self._lister = process_lister or NvmlProcessLister(errors)
@@ -143,30 +146,33 @@ class AllocationSubsystem:
         self._accountant = IdleAccountant(ledger, idle_threshold, pods=self._activity)
         # Peak memory and the smallest fitting MIG profile per allocation (sampler.mig_profiles).
         self._rightsizer = RightSizer(ledger, mig_profiles or MigProfileBook())
-        self._history = HolderHistory(slack=poll_interval + update_interval)
+        # A tenure starts when a poll first sees it (accounted at once): one poll late at most.
+        self._history = HolderHistory(slack=poll_interval + (update_interval or 0.0))
         self._rlog = RateLimitedLog(_log, period=60.0, clock=clock)
         self._snapshot: PodResourcesSnapshot | None = None
         self._up = False
         self._allocations = Allocations()
+        # (snapshot, cdi index, devices) self._allocations was resolved from
+        self._resolved: tuple[object, ...] = ()
+        self._device_ids: tuple[DeviceId, ...] = ()  # the devices at the last poll
         self._pod_names: dict[str, PodName] = {}
         self._pids: dict[int, _PidOwner] = {}
         self._memory: list[Sample] = []
         self._samples: list[Sample] = []
+        self._dirty = True  # the samples are rebuilt when next read
         self._scan_future: concurrent.futures.Future[Any] | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
         self._polled = asyncio.Event()
-        self._rebuild()  # source down, nothing unresolved yet
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def start(self) -> None:
         poll, update, processes = self._intervals
         self._stopping = False
-        self._tasks = [
-            asyncio.create_task(self._every(poll, self.poll)),
-            asyncio.create_task(self._every(update, self._update_async)),
-        ]
+        self._tasks = [asyncio.create_task(self._every(poll, self.poll))]
+        if update is not None:  # None: the sampler's rounds call round_done
+            self._tasks.append(asyncio.create_task(self._every(update, self._update_async)))
         if processes is not None:  # None: per-container memory is off (no host /proc needed)
             self._tasks.append(asyncio.create_task(self._every(processes, self.scan_processes)))
             self._tasks.append(asyncio.create_task(self._every(poll, self.sample_activity)))
@@ -188,7 +194,13 @@ class AllocationSubsystem:
         return self._up
 
     def samples(self) -> Iterable[Sample]:
+        if self._dirty:
+            self._rebuild()
         return self._samples
+
+    def round_done(self) -> None:
+        """A fast sampling round settled (the sampler calls this, RoundListener): account it."""
+        self.update()
 
     @property
     def allocations(self) -> Allocations:
@@ -219,36 +231,48 @@ class AllocationSubsystem:
 
     async def poll(self) -> None:
         """Ask the kubelet once; mark the source up or down."""
+        device_ids = tuple(d.id for d in self._devices())
+        devices_changed, self._device_ids = device_ids != self._device_ids, device_ids
         try:
-            snapshot = await self._client.fetch()
+            snapshot = await self._client.fetch(refresh_allocatable=devices_changed)
         except PodResourcesError as exc:
             self._set_down(str(exc))
         else:
             if any(c.driver == GPU_DRIVER for c in snapshot.claims):
                 self._cdi = await asyncio.to_thread(self._cdi_reader.read)
-            came_up = not self._up
+            came_up, changed = not self._up, snapshot is not self._snapshot
             self._snapshot, self._up = snapshot, True
             if came_up:
                 _log.info("pod-resources source is up", containers=len(snapshot.containers))
-                self.update()  # publish at once rather than at the next accounting tick
+            if came_up or changed:
+                self.update()  # account and publish at once rather than at the next round
         self._polled.set()
 
     def update(self) -> None:
         """Resolve the last poll against the devices, account time, rebuild the samples."""
         if not self._up or self._snapshot is None:
             self._accountant.pause()
-            self._rebuild()
+            self._dirty = True
             return
-        allocations = resolve_snapshot(
-            self._snapshot, [d.id for d in self._devices()], self._cdi, exclude=self._self_pod
-        )
+        allocations = self._resolve(self._snapshot)
         self._note_unresolved(allocations)
         held = _held(allocations)
         self._accountant.update(self._clock(), held, allocations.replicated)
         self._rightsizer.update(self._clock(), held)
         self._history.observe(self._wall_clock(), held)
         self._allocations = allocations
-        self._rebuild()
+        self._dirty = True
+
+    def _resolve(self, snapshot: PodResourcesSnapshot) -> Allocations:
+        """The snapshot against the devices; the last result while neither changed (the usual
+        case: resolving is per-poll work that does not change between polls)."""
+        devices = tuple(d.id for d in self._devices())
+        key = (snapshot, self._cdi, devices)
+        last = self._resolved
+        if last and last[0] is snapshot and last[1] is self._cdi and last[2] == devices:
+            return self._allocations
+        self._resolved = key
+        return resolve_snapshot(snapshot, list(devices), self._cdi, exclude=self._self_pod)
 
     async def scan_processes(self) -> None:
         """Map GPU processes to containers (on a worker thread); skipped while one is stuck."""
@@ -279,7 +303,7 @@ class AllocationSubsystem:
         now, wall_now = self._clock(), self._wall_clock()
         for device, samples in result:
             self._activity.add(device, samples, self._owner_of, now=now, wall_now=wall_now)
-        self._rebuild()
+        self._dirty = True
 
     def _owner_of(self, pid: int) -> Owner | None:
         owner = self._pids.get(pid)
@@ -326,7 +350,7 @@ class AllocationSubsystem:
         self._up = False
         self._snapshot = None
         self._accountant.pause()
-        self._rebuild()  # withhold the allocation series at once
+        self._dirty = True  # withhold the allocation series from the next rendering on
 
     def _apply_scan(self, result: ScanResult) -> None:
         if result.pods:
@@ -347,9 +371,9 @@ class AllocationSubsystem:
             key = (process.device, names.namespace, names.pod, container)
             memory.setdefault(key, []).append(process.used_bytes)
         self._pids = {p: o for p, o in self._pids.items() if now - o.seen < PID_RETENTION}
-        self._memory = list(_memory_samples(memory))
+        self._memory = list(memory_samples(memory))
         self._rightsizer.observe_memory(memory)
-        self._rebuild()
+        self._dirty = True
 
     def _container(self, device: DeviceId, pod: PodKey, names: PodName) -> str:
         """The container a pod's process belongs to: the one holding the device, if unique."""
@@ -390,79 +414,20 @@ class AllocationSubsystem:
             )
 
     def _rebuild(self) -> None:
+        self._dirty = False
         samples = [Sample(SOURCE_UP, _SOURCE_LABELS, 1.0 if self._up else 0.0)]
         samples.extend(self._unresolved.samples())
         if self._up:
-            samples.extend(self._allocation_samples())
-            samples.extend(self._sharing_samples())
+            allocations = self._allocations
+            samples.extend(allocation_samples(allocations, self._accountant, self._rightsizer))
+            gpus = [d.id for d in self._devices() if not d.id.is_mig]
+            samples.extend(sharing_samples(gpus, allocations, self._mps, self._compute_modes))
         samples.extend(self._memory)
-        samples.extend(self._activity_samples())
+        samples.extend(activity_samples(self._activity))
         self._samples = samples
-
-    def _sharing_samples(self) -> Iterable[Sample]:
-        gpus = {d.id.uuid: d.id for d in self._devices() if not d.id.is_mig}
-        modes = sharing_modes(
-            gpus.values(),
-            self._allocations.pods_by_device(),
-            self._allocations.replicated,
-            self._mps,
-            self._compute_modes,
-        )
-        for gpu, mode in modes.items():
-            yield Sample(SHARING_INFO, join_labels(gpu.labels, label_string({"mode": mode})), 1)
-
-    def _activity_samples(self) -> Iterable[Sample]:
-        for activity in self._activity.owners():
-            namespace, pod, container = activity.owner
-            extra = label_string({"namespace": namespace, "pod": pod, "container": container})
-            labels = join_labels(activity.device.labels, extra)
-            yield Sample(CONTAINER_SM_ACTIVE, labels, activity.sm_ratio)
-            yield Sample(CONTAINER_SM_ACTIVE_SECONDS, labels, activity.sm_seconds)
-            yield Sample(CONTAINER_MEMORY_BANDWIDTH, labels, activity.memory_ratio)
-
-    def _allocation_samples(self) -> Iterable[Sample]:
-        held = self._allocations.pods_by_device()
-        for holding in self._allocations.holdings:
-            extra = {
-                "namespace": holding.namespace,
-                "pod": holding.pod,
-                "container": holding.container,
-                "resource": holding.resource,
-            }
-            yield Sample(
-                ALLOCATION_INFO, join_labels(holding.device.labels, label_string(extra)), 1
-            )
-        for device in self._allocations.schedulable:
-            yield Sample(ALLOCATED, device.labels, 1.0 if held.get(device.uuid) else 0.0)
-        for usage in self._accountant.usages():
-            pod = label_string({"namespace": usage.pod[0], "pod": usage.pod[1]})
-            labels = join_labels(usage.device.labels, pod)
-            yield Sample(ALLOCATED_SECONDS, labels, usage.allocated)
-            if self._accountant.has_idle_signal(usage.device.uuid):
-                yield Sample(ALLOCATED_IDLE_SECONDS, labels, usage.idle)
-                if usage.released_at is None:
-                    yield Sample(IDLE_STREAK, labels, usage.streak)
-        yield from self._rightsizer.samples()
 
     def _warn(self, key: str, event: str, **fields: Any) -> None:
         self._rlog.warning(key, event, **fields)
-
-
-class _UnresolvedCounts:
-    """gpu_exporter_allocation_unresolved_total: a key counts when it appears, not per poll."""
-
-    def __init__(self) -> None:
-        self._totals = dict.fromkeys(UNRESOLVED_REASONS, 0)
-        self._current: set[tuple[str, str]] = set()
-
-    def observe(self, keys: set[tuple[str, str]]) -> None:
-        for reason, _ in keys - self._current:
-            self._totals[reason] = self._totals.get(reason, 0) + 1
-        self._current = keys
-
-    def samples(self) -> Iterable[Sample]:
-        for reason, total in self._totals.items():
-            yield Sample(UNRESOLVED, label_string({"reason": reason}), float(total))
 
 
 def _read_samples(
@@ -485,14 +450,3 @@ def _held(allocations: Allocations) -> dict[DeviceId, set[PodKey]]:
     for holding in allocations.holdings:
         held.setdefault(holding.device, set()).add(holding.pod_key)
     return held
-
-
-def _memory_samples(
-    memory: dict[tuple[DeviceId, str, str, str], list[int | None]],
-) -> Iterable[Sample]:
-    for (device, namespace, pod, container), used in memory.items():
-        known = [u for u in used if u is not None]
-        if not known:
-            continue  # the driver could not say: withhold rather than report 0
-        extra = label_string({"namespace": namespace, "pod": pod, "container": container})
-        yield Sample(CONTAINER_MEMORY, join_labels(device.labels, extra), float(sum(known)))

@@ -21,7 +21,7 @@ exposition holds, in order), ``selfmetrics.py`` (the sampler's own series), ``he
 from .core import Sampler
 from .liveness import MAX_PROBE_BACKOFF, GpuState, Liveness
 from .selfmetrics import SELF_FAMILIES
-from .sources import DeviceListener, SampleSource
+from .sources import DeviceListener, RoundListener, SampleSource
 
 __all__ = [
     "MAX_PROBE_BACKOFF",
@@ -29,6 +29,7 @@ __all__ = [
     "DeviceListener",
     "GpuState",
     "Liveness",
+    "RoundListener",
     "SampleSource",
     "Sampler",
 ]

@@ -34,7 +34,7 @@ from .liveness import GpuState, Liveness
 from .outcomes import Outcomes
 from .rendering import IdentityCache, all_blocks, family_order
 from .selfmetrics import SelfMetrics
-from .sources import DeviceListener, SampleSource
+from .sources import DeviceListener, RoundListener, SampleSource
 
 _log = get_logger("sampler")
 
@@ -71,6 +71,7 @@ class Sampler:
         self._identities = IdentityCache()
         self._self_metrics = SelfMetrics(c.name for c in self._collector_types)
         self._listeners: list[DeviceListener] = []
+        self._round_listeners: list[RoundListener] = []
         self._system: SystemInfo | None = None
         self._gpus: list[GpuState] = []
         self._tasks: list[asyncio.Task[None]] = []
@@ -122,6 +123,9 @@ class Sampler:
 
     def add_listener(self, listener: DeviceListener) -> None:
         self._listeners.append(listener)
+
+    def add_round_listener(self, listener: RoundListener) -> None:
+        self._round_listeners.append(listener)
 
     def add_source(self, source: SampleSource) -> None:
         self._sources.append(source)
@@ -212,6 +216,7 @@ class Sampler:
         self._round_counts[cadence] += 1
         if cadence is Cadence.FAST:
             self._last_round_end = self._clock()
+            self._round_done()
         self._render()
 
     async def _round(self, cadence: Cadence, interval: float) -> None:
@@ -389,6 +394,13 @@ class Sampler:
                 tell(listener)
             except Exception:  # a listener's bug must not stop sampling or fail a collector
                 _log.exception("device listener failed", listener=type(listener).__name__)
+
+    def _round_done(self) -> None:
+        for listener in self._round_listeners:
+            try:
+                listener.round_done()
+            except Exception:  # a listener's bug must not stop sampling
+                _log.exception("round listener failed", listener=type(listener).__name__)
 
     def _discovery(self, index: int) -> Callable[[], Gpu]:
         return partial(discover_gpu, index, self._support, self._errors, self.ledger.dcgm)

@@ -21,6 +21,15 @@ class DeviceListener(Protocol):
     def note_remap_failure(self, device: DeviceId) -> None: ...
 
 
+class RoundListener(Protocol):
+    """Told when a fast round has settled, before its exposition is rendered (on the event loop):
+    the activity ledger holds that round's points, and what the listener's samples change now
+    is in the same rendering. A part that accounts per sampling interval needs no timer of its
+    own."""
+
+    def round_done(self) -> None: ...
+
+
 class SampleSource(Protocol):
     """Series that other parts (Xid, allocation) add to the exposition; read on the event loop."""
 

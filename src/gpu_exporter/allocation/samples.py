@@ -1,0 +1,109 @@
+"""The allocation subsystem's series, built from its state (on the event loop, when it changed)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+from ..devices import DeviceId
+from ..exposition import Sample, join_labels, label_string
+from .accounting import IdleAccountant
+from .dra import DRA_REASONS
+from .metrics import (
+    ALLOCATED,
+    ALLOCATED_IDLE_SECONDS,
+    ALLOCATED_SECONDS,
+    ALLOCATION_INFO,
+    CONTAINER_MEMORY,
+    CONTAINER_MEMORY_BANDWIDTH,
+    CONTAINER_SM_ACTIVE,
+    CONTAINER_SM_ACTIVE_SECONDS,
+    IDLE_STREAK,
+    SHARING_INFO,
+    UNRESOLVED,
+)
+from .model import Allocations
+from .process_activity import ContainerActivity
+from .rightsizing import RightSizer
+from .sharing import sharing_modes
+
+# gpu_exporter_allocation_unresolved_total's reasons: a device-plugin id, or a DRA device.
+UNKNOWN_DEVICE_ID = "unknown_device_id"
+UNRESOLVED_REASONS = (UNKNOWN_DEVICE_ID, *DRA_REASONS)
+
+
+class UnresolvedCounts:
+    """gpu_exporter_allocation_unresolved_total: a key counts when it appears, not per poll."""
+
+    def __init__(self) -> None:
+        self._totals = dict.fromkeys(UNRESOLVED_REASONS, 0)
+        self._current: set[tuple[str, str]] = set()
+
+    def observe(self, keys: set[tuple[str, str]]) -> None:
+        for reason, _ in keys - self._current:
+            self._totals[reason] = self._totals.get(reason, 0) + 1
+        self._current = keys
+
+    def samples(self) -> Iterable[Sample]:
+        for reason, total in self._totals.items():
+            yield Sample(UNRESOLVED, label_string({"reason": reason}), float(total))
+
+
+def allocation_samples(
+    allocations: Allocations, accountant: IdleAccountant, rightsizer: RightSizer
+) -> Iterable[Sample]:
+    """Who holds what, the schedulable devices, the time counters and right-sizing."""
+    held = allocations.pods_by_device()
+    for holding in allocations.holdings:
+        extra = {
+            "namespace": holding.namespace,
+            "pod": holding.pod,
+            "container": holding.container,
+            "resource": holding.resource,
+        }
+        yield Sample(ALLOCATION_INFO, join_labels(holding.device.labels, label_string(extra)), 1)
+    for device in allocations.schedulable:
+        yield Sample(ALLOCATED, device.labels, 1.0 if held.get(device.uuid) else 0.0)
+    for usage in accountant.usages():
+        pod = label_string({"namespace": usage.pod[0], "pod": usage.pod[1]})
+        labels = join_labels(usage.device.labels, pod)
+        yield Sample(ALLOCATED_SECONDS, labels, usage.allocated)
+        if accountant.has_idle_signal(usage.device.uuid):
+            yield Sample(ALLOCATED_IDLE_SECONDS, labels, usage.idle)
+            if usage.released_at is None:
+                yield Sample(IDLE_STREAK, labels, usage.streak)
+    yield from rightsizer.samples()
+
+
+def sharing_samples(
+    gpus: Sequence[DeviceId],
+    allocations: Allocations,
+    mps: set[str],
+    compute_modes: Mapping[str, int],
+) -> Iterable[Sample]:
+    """gpu_sharing_info of each whole GPU (MIG instances are not listed)."""
+    modes = sharing_modes(
+        gpus, allocations.pods_by_device(), allocations.replicated, mps, compute_modes
+    )
+    for gpu, mode in modes.items():
+        yield Sample(SHARING_INFO, join_labels(gpu.labels, label_string({"mode": mode})), 1)
+
+
+def activity_samples(activity: ContainerActivity) -> Iterable[Sample]:
+    for owner in activity.owners():
+        namespace, pod, container = owner.owner
+        extra = label_string({"namespace": namespace, "pod": pod, "container": container})
+        labels = join_labels(owner.device.labels, extra)
+        yield Sample(CONTAINER_SM_ACTIVE, labels, owner.sm_ratio)
+        yield Sample(CONTAINER_SM_ACTIVE_SECONDS, labels, owner.sm_seconds)
+        yield Sample(CONTAINER_MEMORY_BANDWIDTH, labels, owner.memory_ratio)
+
+
+def memory_samples(
+    memory: Mapping[tuple[DeviceId, str, str, str], list[int | None]],
+) -> Iterable[Sample]:
+    for (device, namespace, pod, container), used in memory.items():
+        known = [u for u in used if u is not None]
+        if not known:
+            continue  # the driver could not say: withhold rather than report 0
+        extra = label_string({"namespace": namespace, "pod": pod, "container": container})
+        yield Sample(CONTAINER_MEMORY, join_labels(device.labels, extra), float(sum(known)))
