@@ -76,27 +76,85 @@ class CpuMeter:
         metered.__name__ = fn.__name__
         setattr(owner, name, metered)
 
+    def add(self, ns: int) -> None:
+        with self._lock:
+            self.ns += ns
+
+    def wrap_async(self, fn: Any) -> Any:
+        """A coroutine function metered around its await: exact for one that never suspends
+        (the simulated kubelet's handlers), as nothing else runs on its thread meanwhile."""
+        clock = time.thread_time_ns
+
+        async def metered(*args: Any, **kwargs: Any) -> Any:
+            start = clock()
+            try:
+                return await fn(*args, **kwargs)
+            finally:
+                self.add(clock() - start)
+
+        metered.__name__ = getattr(fn, "__name__", "handler")
+        return metered
+
 
 METERS: list[SimMeter] = []
 KUBELET = CpuMeter()
 
 
 def meter_kubelet(kubelet: Any) -> None:
-    """Meter the simulated kubelet's own work as simulator: building its answers, its process
-    and pod-log (and CDI) trees. The HTTP/2 framing around the answers stays unmetered."""
+    """Meter the simulated kubelet's own work as simulator: its answers (the state they are read
+    from, building and serialising them), its process and pod-log (and CDI) trees, and its side
+    of the HTTP/2 connections (the h2 state machine of each server connection). What stays
+    unmetered is small: the connection's asyncio task and socket reads, the client's side."""
     if kubelet is None:
         return
-    server = sys.modules["gpu_exporter.allocation.server"]
-    for name in ("list_response", "allocatable_response"):
-        KUBELET.wrap(server, name)
     KUBELET.wrap(kubelet, "_processes")
-    served = getattr(kubelet, "_server", None)  # its server holds the state() it was built with
-    if served is not None:
-        KUBELET.wrap(served, "_provider")
+    served = getattr(kubelet, "_server", None)
+    handlers = getattr(served, "_handlers", None)
+    if isinstance(handlers, dict):  # allocation/grpcwire.py's server (no await inside handlers)
+        for path, handler in list(handlers.items()):
+            handlers[path] = KUBELET.wrap_async(handler)
+        _meter_server_connections()
+    else:  # a grpc.aio server (before grpcwire): its servicer reads state() through _provider
+        server = sys.modules["gpu_exporter.allocation.server"]
+        for name in ("list_response", "allocatable_response"):
+            KUBELET.wrap(server, name)
+        if served is not None:
+            KUBELET.wrap(served, "_provider")
     for attribute in ("_tree", "_cdi"):
         tree = getattr(kubelet, attribute, None)
         if tree is not None:
             KUBELET.wrap(tree, "sync")
+
+
+# The server connection's synchronous h2 work (none of these calls another of them).
+_H2_SERVER_CALLS = (
+    "receive_data",
+    "data_to_send",
+    "send_headers",
+    "send_data",
+    "acknowledge_received_data",
+    "local_flow_control_window",
+)
+
+
+def _meter_server_connections() -> None:
+    wire = sys.modules.get("gpu_exporter.allocation.grpcwire")
+    cls = getattr(wire, "_ServerConnection", None)
+    if cls is None or getattr(cls, "_bench_metered", False):
+        return
+    original = cls.__init__
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        start = time.thread_time_ns()
+        try:
+            original(self, *args, **kwargs)
+        finally:
+            KUBELET.add(time.thread_time_ns() - start)
+        for name in _H2_SERVER_CALLS:
+            KUBELET.wrap(self._conn, name)
+
+    cls.__init__ = init
+    cls._bench_metered = True
 
 
 def metered_install(original: Any) -> Any:
