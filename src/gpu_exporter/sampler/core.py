@@ -430,11 +430,13 @@ class Sampler:
 
     async def _blocking(self, fn: Callable[[], Any], limit: float) -> Any:
         future = self._pool.submit(fn)
-        try:
-            return await asyncio.wait_for(asyncio.wrap_future(future), limit)
-        except TimeoutError:
+        waiting = asyncio.wrap_future(future)
+        # asyncio.wait, not wait_for (see jobs.settle): a cancellation is never swallowed.
+        done, _ = await asyncio.wait((waiting,), timeout=limit)
+        if not done:
             self._pool.abandon(future)
-            raise
+            raise TimeoutError(f"no answer within {limit:g} s")
+        return waiting.result()
 
     def _log_once(self, key: object, event: str, **fields: Any) -> None:
         self._rlog.warning(key, event, **fields)
