@@ -107,7 +107,10 @@ def meter_kubelet(kubelet: Any) -> None:
     unmetered is small: the connection's asyncio task and socket reads, the client's side."""
     if kubelet is None:
         return
-    KUBELET.wrap(kubelet, "_processes")
+    if hasattr(kubelet, "sync_files"):  # the whole refresh, in one function on a worker thread
+        KUBELET.wrap(kubelet, "sync_files")
+    else:
+        KUBELET.wrap(kubelet, "_processes")
     served = getattr(kubelet, "_server", None)
     handlers = getattr(served, "_handlers", None)
     if isinstance(handlers, dict):  # allocation/grpcwire.py's server (no await inside handlers)
@@ -120,7 +123,7 @@ def meter_kubelet(kubelet: Any) -> None:
             KUBELET.wrap(server, name)
         if served is not None:
             KUBELET.wrap(served, "_provider")
-    for attribute in ("_tree", "_cdi"):
+    for attribute in () if hasattr(kubelet, "sync_files") else ("_tree", "_cdi"):
         tree = getattr(kubelet, attribute, None)
         if tree is not None:
             KUBELET.wrap(tree, "sync")

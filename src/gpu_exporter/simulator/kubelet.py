@@ -103,10 +103,15 @@ class SimulatedKubelet:
             await asyncio.to_thread(shutil.rmtree, self._root, True)
 
     async def refresh(self) -> None:
-        """Bring the proc-like tree up to date with the node (file I/O on a thread)."""
+        """Bring the proc-like tree and the CDI files up to date with the node, in one hop to a
+        worker thread (a hop costs the event loop more than the reading itself)."""
+        await asyncio.to_thread(self.sync_files)
+
+    def sync_files(self) -> None:
+        """The refresh's work (on a worker thread: file I/O; the node is read under its lock)."""
         processes, pods = self._processes()
-        await asyncio.to_thread(self._tree.sync, processes, pods)
-        await asyncio.to_thread(self._cdi.sync, self._node.allocations, self._node.gpus)
+        self._tree.sync(processes, pods)
+        self._cdi.sync(self._node.allocations, self._node.gpus)
 
     def state(self) -> KubeletState:
         """What the kubelet would answer now (called on the event loop by the server). Events
