@@ -13,7 +13,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
@@ -226,6 +226,9 @@ def render_blocks(blocks: Iterable[Block], family_order: Sequence[Family] = ()) 
     )
 
 
+# Negotiation is memoised: a scraper sends the same headers every time, and parsing them cost
+# a scrape more than serving the cached body (bounded: odd headers cannot grow it).
+@lru_cache(maxsize=256)
 def wants_openmetrics(accept: str) -> bool:
     """True when the client's Accept header prefers OpenMetrics text over the classic format.
 
@@ -242,6 +245,7 @@ def wants_openmetrics(accept: str) -> bool:
     return openmetrics > 0 and openmetrics >= text
 
 
+@lru_cache(maxsize=256)
 def accepts_gzip(accept_encoding: str) -> bool:
     """True when the client's Accept-Encoding allows gzip (RFC 9110 12.5.3): named with a
     non-zero weight (``x-gzip`` is the same coding), or not named and allowed by ``*``."""
