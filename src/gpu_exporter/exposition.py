@@ -157,11 +157,7 @@ class BlockWriter:
             labels = self._prefix
         elif self._prefix:
             labels = f"{self._prefix},{labels}"
-        value = float(value)
-        if value.is_integer() and -1e15 < value < 1e15:
-            text = str(int(value))
-        else:
-            text = format_value(value)
+        text = format_value(value)
         name = family.name
         line = f"{name}{{{labels}}} {text}\n" if labels else f"{name} {text}\n"
         lines = self._lines.get(name)

@@ -151,24 +151,17 @@ class DeviceCalls:
         self._errors.add(function, error_name(exc))
         self.failures.append((function, error_name(exc)))
 
-    def fields(self, handle: Any, field_ids: Sequence[FieldKey]) -> dict[FieldKey, float]:
-        """Read NVML field values as numbers; see :meth:`field_values`."""
-        return {key: v.value for key, v in self.field_values(handle, field_ids).items()}
-
-    def field_values(
-        self, handle: Any, fields: FieldRequest | Sequence[FieldKey]
-    ) -> dict[FieldKey, FieldValue]:
+    def field_values(self, handle: Any, request: FieldRequest) -> dict[FieldKey, FieldValue]:
         """Read NVML field values; fields the device lacks are remembered and not asked again.
 
         A key is a field id, or ``(field id, scope id)`` for a field that needs a scope (an NVLink
-        link); a :class:`FieldRequest` is a prepared list of keys, reused round after round.
+        link); the :class:`FieldRequest` holds them, prepared once and reused round after round.
         ``nvmlDeviceGetFieldValues`` succeeds when any field was filled, so each value's own
         ``nvmlReturn`` is checked and its union member read according to ``valueType``; values
         come back in request order, so each is filed under the key it was asked by. A per-field
         NotSupported, FunctionNotFound or InvalidArgument (what a driver whose header predates
         the id may answer: unverified) marks that one field unsupported for the device.
         """
-        request = fields if isinstance(fields, FieldRequest) else FieldRequest(fields)
         lacking = self._support.unsupported(self.uuid)
         if lacking and any(field_signal(key) in lacking for key in request.keys):
             request = FieldRequest([k for k in request.keys if field_signal(k) not in lacking])
