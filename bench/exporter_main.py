@@ -16,13 +16,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import os
 from typing import Any
 
 from simmeter import install_dump, meter_kubelet, metered_install
 
-import gpu_exporter.app as app
-import gpu_exporter.simulator as simulator
-from gpu_exporter.cli import main
+from gpu_exporter import cli
 
 
 def _metered_kubelet(original: Any) -> Any:
@@ -35,7 +34,12 @@ def _metered_kubelet(original: Any) -> Any:
 
 
 if __name__ == "__main__":
+    # What main() does first, here before app (and so ssl) is imported: as python -m gpu_exporter.
+    cli.no_tls_unless_configured(sys.argv[1:], os.environ)
+    import gpu_exporter.app as app
+    import gpu_exporter.simulator as simulator
+
     simulator.install = metered_install(simulator.install)  # app imports it at call time
     app._simulated_kubelet = _metered_kubelet(app._simulated_kubelet)
     install_dump()
-    main()
+    cli.main()

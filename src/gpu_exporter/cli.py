@@ -7,19 +7,24 @@ where, with a non-zero status; never a traceback.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from . import __version__
-from .collectors import ALL_COLLECTORS
-from .config import Config
-from .logs import configure_logging
 from .settings import GROUPS, Flag, declared_flags, env_name, parse_duration
+
+if TYPE_CHECKING:
+    from .config import Config
+
+# Imported here: the standard library and settings.py only. Everything else (the collectors,
+# Config, logging: structlog imports asyncio, which imports ssl) is imported by the function
+# that needs it, so that main() can rule ssl out before anything loads it
+# (no_tls_unless_configured).
+WEB_CONFIG_OPTION = "--web.config.file"
 
 __all__ = ["UsageError", "build_parser", "env_name", "parse_config", "parse_duration", "run"]
 
@@ -53,6 +58,9 @@ def _checked(parse: Callable[[str], Any]) -> Callable[[str], Any]:
 
 def all_flags() -> list[Flag]:
     """Every flag: the settings declared on Config, then each collector's switch."""
+    from .collectors import ALL_COLLECTORS
+    from .config import Config
+
     flags = list(declared_flags(Config))
     for collector in ALL_COLLECTORS:
         state = "enabled" if collector.enabled_by_default else "disabled"
@@ -148,6 +156,9 @@ def _env_bool(name: str, value: str) -> bool:
 
 
 def parse_config(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Config:
+    from .collectors import ALL_COLLECTORS
+    from .config import Config
+
     parser = build_parser()
     environ = os.environ if environ is None else environ
     flags = all_flags()
@@ -192,7 +203,10 @@ def _check_xid_classes(path: Path) -> None:
 
 
 def run(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    import asyncio
+
     from .app import ListenError, build_exporter, run_until_signalled
+    from .logs import configure_logging
     from .nvml import NvmlUnavailable
 
     try:
@@ -241,5 +255,33 @@ def _fail(message: str, status: int) -> int:
     return status
 
 
+def may_use_tls(argv: Sequence[str], environ: Mapping[str, str]) -> bool:
+    """Whether these flags and variables can configure a web config file (so TLS), judged before
+    they are parsed and erring towards yes: an argument argparse could take for
+    ``--web.config.file`` (it accepts unambiguous prefixes) or the variable, set at all."""
+    if env_name(WEB_CONFIG_OPTION) in environ:
+        return True
+    for arg in argv:
+        if arg == "--":
+            break
+        option = arg.split("=", 1)[0]
+        if len(option) > 2 and WEB_CONFIG_OPTION.startswith(option):
+            return True
+    return False
+
+
+def no_tls_unless_configured(argv: Sequence[str], environ: Mapping[str, str]) -> None:
+    """Without a web config file the exporter never speaks TLS: the web server's TLS comes only
+    from that file (a SIGHUP or file change re-reads the file given at start; nothing can add one
+    later), and nothing else here makes TLS connections. Then ssl is marked unavailable for the
+    process before anything imports it, so OpenSSL (~3.6 MiB RSS) is never loaded; asyncio and
+    aiohttp import ssl inside ``try/except ImportError`` and run without it by design (see
+    docs/performance.md, RSS). Process-wide, so here in main() and never in run() (tests call
+    run() in their own process)."""
+    if not may_use_tls(argv, environ):
+        sys.modules.setdefault("ssl", None)  # type: ignore[arg-type]
+
+
 def main() -> NoReturn:
+    no_tls_unless_configured(sys.argv[1:], os.environ)
     sys.exit(run())

@@ -11,7 +11,7 @@ import pynvml
 import pytest
 from structlog.testing import capture_logs
 
-from gpu_exporter import cli
+from gpu_exporter import cli, collectors
 from gpu_exporter.collectors import ALL_COLLECTORS, Cadence, Collector, SampleWriter
 from gpu_exporter.exposition import gauge, label_string
 from gpu_exporter.nvml import DeviceCalls, WorkerPool
@@ -80,7 +80,7 @@ async def test_a_collector_added_as_the_recipe_says_is_sampled_with_its_self_met
 
 
 def test_a_collector_in_all_collectors_gets_its_switch(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cli, "ALL_COLLECTORS", (*ALL_COLLECTORS, RecipeCollector))
+    monkeypatch.setattr(collectors, "ALL_COLLECTORS", (*ALL_COLLECTORS, RecipeCollector))
     assert "recipe" in cli.parse_config([], environ={}).collectors
     assert "recipe" not in cli.parse_config(["--no-collector.recipe"], environ={}).collectors
     off = cli.parse_config([], environ={"GPU_EXPORTER_COLLECTOR_RECIPE": "false"})
