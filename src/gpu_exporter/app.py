@@ -17,8 +17,6 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from .config import DEFAULT_POD_RESOURCES_SOCKET, Config
-from .dcgm import DcgmLibrary
-from .dcgm.service import DcgmService
 from .http.admin import admin_routes
 from .http.server import make_web_app, server_settings
 from .http.webguard import RequestGuard, ServerLog
@@ -31,6 +29,7 @@ from .xid import XidSettings, XidSubsystem
 
 if TYPE_CHECKING:  # imported when built: ~2.5 MiB RSS (h2, the subsystem); not with --no-allocation
     from .allocation.subsystem import AllocationSubsystem
+    from .dcgm.service import DcgmService  # with the binding: only with --dcgm.*
 
 _log = get_logger("app")
 
@@ -199,6 +198,9 @@ def _build_dcgm(
     target = config.dcgm_target
     if target is None:
         return None
+    from .dcgm.library import DcgmLibrary
+    from .dcgm.service import DcgmService
+
     library: Callable[[], DcgmLibrary] = DcgmLibrary.load
     if simulation is not None:
         fake = simulation.dcgm_library

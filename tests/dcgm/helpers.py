@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpu_exporter.collectors import Cadence
-from gpu_exporter.dcgm import DcgmLibrary
+from gpu_exporter.dcgm.library import DcgmLibrary
 from gpu_exporter.dcgm.service import DcgmService
 from gpu_exporter.dcgm.target import Target, parse_target
 from gpu_exporter.simulator import SimulatedNode, loads_scenario

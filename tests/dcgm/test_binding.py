@@ -7,9 +7,8 @@ import ctypes
 
 import pytest
 
-from gpu_exporter.dcgm import DcgmError, DcgmLibrary
 from gpu_exporter.dcgm import structs as s
-from gpu_exporter.dcgm.library import decode_value, is_blank
+from gpu_exporter.dcgm.library import DcgmError, DcgmLibrary, decode_value, is_blank
 
 from .helpers import fake_library
 

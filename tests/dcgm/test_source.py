@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from gpu_exporter.allocation.accounting import IdleAccountant
-from gpu_exporter.dcgm import DcgmLibrary
 from gpu_exporter.dcgm import structs as s
+from gpu_exporter.dcgm.library import DcgmLibrary
 from gpu_exporter.dcgm.readings import DcgmLink
 from gpu_exporter.dcgm.service import DcgmService
 from gpu_exporter.dcgm.target import Target

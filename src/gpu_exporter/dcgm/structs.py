@@ -102,7 +102,7 @@ OPERATION_MODE_MANUAL = 2
 EMBEDDED_HANDLE = 0x7FFFFFFF
 # nv-hostengine's default TCP port [dcgm_structs.h ~285-310 DCGM_HE_PORT_NUMBER].
 DEFAULT_PORT = 5555
-UNIX_PREFIX = "unix://"  # [dcgm_structs.h ~285-310]
+# UNIX_PREFIX ("unix://", the same header) is in target.py, which parses --dcgm.address.
 # dcgmEntitiesGetLatestValues flags [dcgm_structs.h 2204]: read the driver now, not the cache.
 FV_FLAG_LIVE_DATA = 0x1
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import structs as s
+# A host engine's unix socket address [dcgm_structs.h ~285-310]. Here, not in structs.py, so
+# that Config parses --dcgm.address without loading the binding (ctypes layouts).
+UNIX_PREFIX = "unix://"
 
 
 @dataclass(frozen=True)
@@ -21,14 +23,14 @@ class Target:
     def describe(self) -> str:
         if self.address is None:
             return "embedded"
-        return f"{s.UNIX_PREFIX}{self.address}" if self.unix_socket else self.address
+        return f"{UNIX_PREFIX}{self.address}" if self.unix_socket else self.address
 
 
 def parse_target(text: str) -> Target:
     """``host:port``, ``host`` (port 5555) or ``unix:///path``; ValueError says what is wrong."""
     text = text.strip()
-    if text.startswith(s.UNIX_PREFIX):
-        path = text.removeprefix(s.UNIX_PREFIX)
+    if text.startswith(UNIX_PREFIX):
+        path = text.removeprefix(UNIX_PREFIX)
         if not path.startswith("/"):
             raise ValueError(f"{text!r}: a unix socket address is unix:///absolute/path")
         return Target(path, unix_socket=True)

@@ -1,10 +1,11 @@
 """The fake ``libdcgm.so.4``: an object whose attributes are DCGM's C functions.
 
-It stands in for ``ctypes.CDLL("libdcgm.so.4")`` under :class:`gpu_exporter.dcgm.DcgmLibrary`
-exactly as the fake NVML library stands in under pynvml: the binding's real argument marshalling
-(ctypes structs, arrays, ``byref``) reaches these functions unchanged, and each returns a
-``dcgmReturn_t`` int and never raises. Behaviour is cited in :mod:`.dcgm_engine` and in
-reference/dcgm.md; the state lives in the node's :class:`~.dcgm_engine.DcgmEngine`.
+It stands in for ``ctypes.CDLL("libdcgm.so.4")`` under
+:class:`gpu_exporter.dcgm.library.DcgmLibrary` exactly as the fake NVML library stands in under
+pynvml: the binding's real argument marshalling (ctypes structs, arrays, ``byref``) reaches these
+functions unchanged, and each returns a ``dcgmReturn_t`` int and never raises. Behaviour is
+cited in :mod:`.dcgm_engine` and in reference/dcgm.md; the state lives in the node's
+:class:`~.dcgm_engine.DcgmEngine`.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpu_exporter.simulator.dcgm_host import DcgmHost
 from gpu_exporter.simulator.devices import (
     MPS_SERVER_BYTES,
     Device,
@@ -99,7 +100,7 @@ class Failure:
         return self.times == 0
 
 
-class SimulatedNode(LinkEvents):
+class SimulatedNode(DcgmHost, LinkEvents):
     """Simulated GPUs and their timeline; ``library`` is the fake ``libnvidia-ml``."""
 
     def __init__(
@@ -115,8 +116,6 @@ class SimulatedNode(LinkEvents):
         time of t=0, for NVML's wall-clock timestamps (default: now). ``pid_offset`` is added to
         every simulated process id (``gpu-exporter-simulate`` moves them above the host's
         ``pid_max``, where no host process can be)."""
-        from gpu_exporter.simulator.dcgm_engine import DcgmEngine
-        from gpu_exporter.simulator.dcgm_library import FakeDcgmLibrary
         from gpu_exporter.simulator.library import FakeNvmlLibrary  # the library needs this class
 
         self.scenario = scenario
@@ -155,8 +154,6 @@ class SimulatedNode(LinkEvents):
         self._last = 0.0
         self._integrated = [0.0] * len(self.gpus)  # per GPU: counters are integrated up to here
         self.library = FakeNvmlLibrary(self)
-        self.dcgm = DcgmEngine(self)  # a host engine on the node, reached through dcgm_library
-        self.dcgm_library = FakeDcgmLibrary(self, self.dcgm)
         self.advance()
 
     # ------------------------------------------------------------------ time
@@ -453,12 +450,6 @@ class SimulatedNode(LinkEvents):
             if failure.spent:
                 del self.failures[key]
             return failure.code
-
-    def _on_dcgm_restart(self, p: Mapping[str, Any], t: float) -> None:
-        self.dcgm.restart(p["downtime"])
-
-    def _on_dcgm_profiling(self, p: Mapping[str, Any], t: float) -> None:
-        self.dcgm.hold_counters({g.index for g in self._targets(p)}, p["state"] == "in_use")
 
     def _on_unhang(self, p: Mapping[str, Any], t: float) -> None:
         for hang in self.hangs:
