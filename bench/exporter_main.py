@@ -34,8 +34,8 @@ def _metered_kubelet(original: Any) -> Any:
 
 
 if __name__ == "__main__":
-    # What main() does first, here before app (and so ssl) is imported: as python -m gpu_exporter.
-    cli.no_tls_unless_configured(sys.argv[1:], os.environ)
+    # What main() does first, here before app (and OpenSSL with it) is imported.
+    cli.no_openssl_unless_configured(sys.argv[1:], os.environ)
     import gpu_exporter.app as app
     import gpu_exporter.simulator as simulator
 

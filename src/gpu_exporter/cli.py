@@ -22,8 +22,8 @@ if TYPE_CHECKING:
 
 # Imported here: the standard library and settings.py only. Everything else (the collectors,
 # Config, logging: structlog imports asyncio, which imports ssl) is imported by the function
-# that needs it, so that main() can rule ssl out before anything loads it
-# (no_tls_unless_configured).
+# that needs it, so that main() can rule OpenSSL out before anything loads it
+# (no_openssl_unless_configured).
 WEB_CONFIG_OPTION = "--web.config.file"
 
 __all__ = ["UsageError", "build_parser", "env_name", "parse_config", "parse_duration", "run"]
@@ -270,18 +270,25 @@ def may_use_tls(argv: Sequence[str], environ: Mapping[str, str]) -> bool:
     return False
 
 
-def no_tls_unless_configured(argv: Sequence[str], environ: Mapping[str, str]) -> None:
+# What OpenSSL gives Python: TLS (ssl) and its hash implementations (hashlib and hmac fall back
+# to Python's built-in md5, sha1, sha2, sha3 and blake2: every algorithm the process uses).
+OPENSSL_MODULES = ("ssl", "_hashlib")
+
+
+def no_openssl_unless_configured(argv: Sequence[str], environ: Mapping[str, str]) -> None:
     """Without a web config file the exporter never speaks TLS: the web server's TLS comes only
     from that file (a SIGHUP or file change re-reads the file given at start; nothing can add one
-    later), and nothing else here makes TLS connections. Then ssl is marked unavailable for the
-    process before anything imports it, so OpenSSL (~3.6 MiB RSS) is never loaded; asyncio and
-    aiohttp import ssl inside ``try/except ImportError`` and run without it by design (see
-    docs/performance.md, RSS). Process-wide, so here in main() and never in run() (tests call
-    run() in their own process)."""
+    later), and nothing else here makes TLS connections. Then OpenSSL's modules are marked
+    unavailable for the process before anything imports them, so libssl and libcrypto (~7 MiB
+    RSS) are never loaded: asyncio and aiohttp import ssl, and hashlib and hmac import _hashlib
+    (aiohttp imports hashlib), inside ``try/except ImportError`` and run without them by design
+    (docs/performance.md, "Peak RSS"). Process-wide, so here in main() and never in run() (tests
+    call run() in their own process)."""
     if not may_use_tls(argv, environ):
-        sys.modules.setdefault("ssl", None)  # type: ignore[arg-type]
+        for name in OPENSSL_MODULES:
+            sys.modules.setdefault(name, None)  # type: ignore[arg-type]
 
 
 def main() -> NoReturn:
-    no_tls_unless_configured(sys.argv[1:], os.environ)
+    no_openssl_unless_configured(sys.argv[1:], os.environ)
     sys.exit(run())

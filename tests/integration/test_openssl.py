@@ -1,9 +1,10 @@
 """OpenSSL is loaded only by an exporter that can serve TLS: one started with a web config file.
 
 Without one, nothing in the process can use TLS (a reload re-reads the file given at start and
-cannot add one), so the CLI marks ``ssl`` unavailable before anything imports it
-(docs/performance.md, RSS). These run the exporter as a user does, ``python -m gpu_exporter``,
-and look at what the process has mapped.
+cannot add one), so the CLI marks ``ssl`` and ``_hashlib`` (OpenSSL's hashes; Python's built-in
+ones serve hashlib then) unavailable before anything imports them (docs/performance.md, Peak
+RSS). These run the exporter as a user does, ``python -m gpu_exporter``, and look at what the
+process has mapped.
 """
 
 from __future__ import annotations
@@ -21,11 +22,13 @@ from gpu_exporter.cli import may_use_tls, parse_config
 from tests.integration.test_process import start
 from tests.web_helpers import Pki, write_web_config
 
+OPENSSL = ("libssl", "libcrypto", "/_ssl.", "/_hashlib.")
+
 
 def openssl_mapped(pid: int) -> list[str]:
-    """The OpenSSL TLS library and Python's binding to it, as mapped into process ``pid``."""
+    """OpenSSL's libraries and Python's bindings to them, as mapped into process ``pid``."""
     maps = Path(f"/proc/{pid}/maps").read_text().splitlines()
-    return sorted({line.split()[-1] for line in maps if "libssl" in line or "/_ssl." in line})
+    return sorted({line.split()[-1] for line in maps if any(name in line for name in OPENSSL)})
 
 
 @contextmanager
@@ -62,6 +65,8 @@ def test_with_a_tls_web_config_the_cli_serves_https(tmp_path: Path) -> None:
         with urllib.request.urlopen(url, timeout=10, context=pki.client_context()) as response:
             assert 'gpu_info{gpu="0"' in response.read().decode()
         assert openssl_mapped(process.pid), "serving TLS without OpenSSL mapped?"
+        with urllib.request.urlopen(url, timeout=10, context=pki.client_context()) as response:
+            assert response.status == 200, "a second HTTPS scrape"
 
 
 @pytest.mark.parametrize(
