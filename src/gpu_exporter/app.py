@@ -18,8 +18,9 @@ from aiohttp import web
 
 from .config import DEFAULT_POD_RESOURCES_SOCKET, Config
 from .http.admin import admin_routes
-from .http.server import make_web_app, server_settings
-from .http.webguard import RequestGuard, ServerLog
+from .http.listener import WebServer, start_web_server
+from .http.server import make_web_app
+from .http.webguard import RequestGuard
 from .http.webreload import WebConfigReloader
 from .logs import get_logger
 from .nvml import WorkerPool
@@ -34,14 +35,6 @@ if TYPE_CHECKING:  # imported when built: ~2.5 MiB RSS (h2, the subsystem); not 
 _log = get_logger("app")
 
 
-class ListenError(OSError):
-    """The web server could not bind ``--listen`` (in use, no permission, no such address)."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
 @dataclass
 class Exporter:
     """The parts of a running exporter, started and stopped together."""
@@ -51,20 +44,20 @@ class Exporter:
     sampler: Sampler
     web_app: web.Application
     xid: XidSubsystem
+    guard: RequestGuard  # limits and authentication of every request
     allocation: AllocationSubsystem | None = None
     simulation: Any = None  # a SimulatedNode under --simulate
     kubelet: Any = None  # its SimulatedKubelet (pod-resources server, proc and pod-log trees)
-    runner: web.AppRunner | None = None
+    web_server: WebServer | None = None  # once started
     web_config: WebConfigReloader | None = None  # with --web.config.file
-    server_log: ServerLog | None = None  # aiohttp's server logger, into the structured log
     dcgm: DcgmService | None = None  # with --dcgm.address or --dcgm.embedded
 
     @property
     def port(self) -> int:
         """The bound port (useful with ``--listen 127.0.0.1:0``)."""
-        if self.runner is None or not self.runner.addresses:
+        if self.web_server is None:
             raise RuntimeError("exporter is not listening")
-        return int(self.runner.addresses[0][1])
+        return self.web_server.port
 
     async def start(self) -> None:
         if self.kubelet is not None:
@@ -75,7 +68,7 @@ class Exporter:
         if self.allocation is not None:
             await self.allocation.start()
         await self.xid.start()
-        self.runner = await start_web_server(self.web_app, self.config, self.server_log)
+        self.web_server = await start_web_server(self.web_app, self.config, self.guard)
         if self.web_config is not None:
             self.web_config.start()
 
@@ -84,8 +77,8 @@ class Exporter:
         steps: list[tuple[str, Callable[[], Awaitable[None]]]] = []
         if self.web_config is not None:
             steps.append(("web config reloads", self.web_config.stop))
-        if self.runner is not None:
-            steps.append(("http", self.runner.cleanup))
+        if self.web_server is not None:
+            steps.append(("http", self.web_server.stop))
         steps.append(("xid", self.xid.stop))  # frees its NVML event set before nvmlShutdown
         if self.allocation is not None:
             steps.append(("allocation", self.allocation.stop))
@@ -105,37 +98,6 @@ class Exporter:
 
             self.simulation.close()
             uninstall()
-
-
-async def start_web_server(
-    web_app: web.Application, config: Config, server_log: ServerLog | None = None
-) -> web.AppRunner:
-    """Serve ``web_app`` on ``--listen``, over TLS when the web config has a certificate."""
-    settings = server_settings(config.web_read_timeout)
-    if server_log is not None:
-        settings["logger"] = server_log
-    runner = web.AppRunner(web_app, access_log=None, handle_signals=False, **settings)
-    await runner.setup()
-    tls = config.web.tls if config.web else None
-    site = web.TCPSite(
-        runner, config.listen_host, config.listen_port, ssl_context=tls.context if tls else None
-    )
-    try:
-        await site.start()
-    except OSError as exc:
-        await runner.cleanup()
-        raise ListenError(exc.strerror or str(exc)) from exc
-    except BaseException:
-        await runner.cleanup()
-        raise
-    _log.info(
-        "listening",
-        address=f"{config.listen_host}:{runner.addresses[0][1]}",
-        tls=tls is not None,
-        client_auth=tls.client_auth if tls else "NoClientCert",
-        basic_auth=bool(config.web and config.web.auth_required),
-    )
-    return runner
 
 
 def build_exporter(config: Config) -> Exporter:
@@ -182,11 +144,11 @@ def build_exporter(config: Config) -> Exporter:
         sampler,
         web_app,
         xid,
+        guard,
         allocation,
         simulation,
         kubelet,
         web_config=web_config,
-        server_log=ServerLog(guard),
         dcgm=dcgm,
     )
 

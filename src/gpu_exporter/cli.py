@@ -205,7 +205,8 @@ def _check_xid_classes(path: Path) -> None:
 def run(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     import asyncio
 
-    from .app import ListenError, build_exporter, run_until_signalled
+    from .app import build_exporter, run_until_signalled
+    from .http.listener import ListenError
     from .logs import configure_logging
     from .nvml import NvmlUnavailable
 

@@ -24,7 +24,7 @@ from gpu_exporter.collectors import Cadence
 from gpu_exporter.config import Config, SimulatorConfig
 from gpu_exporter.http.server import make_web_app
 from gpu_exporter.http.webconfig import load_web_config
-from gpu_exporter.http.webguard import RequestGuard, ServerLog
+from gpu_exporter.http.webguard import RequestGuard
 from tests.helpers import make_config, one, parse_exposition, running_exporter
 from tests.web_helpers import PASSWORD, USER, Pki, bcrypt_hash, write_web_config
 
@@ -164,12 +164,12 @@ async def serving(
     config: Config, guard: RequestGuard, routes: list[web.RouteDef] | None = None
 ) -> AsyncIterator[str]:
     app = make_web_app(StubSampler(), routes or [], guard)  # type: ignore[arg-type]
-    runner = await start_web_server(app, config, ServerLog(guard))
+    server = await start_web_server(app, config, guard)
     try:
         scheme = "https" if config.web and config.web.tls else "http"
-        yield f"{scheme}://127.0.0.1:{runner.addresses[0][1]}"
+        yield f"{scheme}://127.0.0.1:{server.port}"
     finally:
-        await runner.cleanup()
+        await server.stop()
 
 
 def guard_for(config: Config) -> RequestGuard:

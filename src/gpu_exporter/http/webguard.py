@@ -16,6 +16,7 @@ import ipaddress
 import os
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from enum import Enum
 from http import HTTPStatus
 
@@ -37,6 +38,14 @@ REJECTED = counter(
 # (401); client_cert: the client certificate has none of client_allowed_sans (403); bad_request:
 # refused by the HTTP parser, before any handler (400: not HTTP, a line or header over the limits).
 REASONS = ("max_requests", "rate_limit", "auth_busy", "unauthorized", "client_cert", "bad_request")
+# The status each refusal by the guard is answered with (bad_request is aiohttp's own 400).
+REFUSAL_STATUS: Mapping[str, HTTPStatus] = {
+    "max_requests": HTTPStatus.SERVICE_UNAVAILABLE,
+    "rate_limit": HTTPStatus.TOO_MANY_REQUESTS,
+    "auth_busy": HTTPStatus.SERVICE_UNAVAILABLE,
+    "unauthorized": HTTPStatus.UNAUTHORIZED,
+    "client_cert": HTTPStatus.FORBIDDEN,
+}
 DROPPED = counter(
     "gpu_exporter_http_connections_dropped_total",
     "HTTP connections closed by the exporter or the client before a response was delivered, by "
@@ -85,21 +94,30 @@ class PasswordCheck:
         self._one_at_a_time = asyncio.Lock()
         self._pending = 0
 
+    def remembered(self, authorization: str | None) -> bool:
+        """True when these credentials passed before (no bcrypt needed to let them in again)."""
+        credentials = _decode_basic(authorization)
+        return credentials is not None and self._passed_before(*credentials)
+
     async def check(self, authorization: str | None) -> Verdict:
         credentials = _decode_basic(authorization)
         if credentials is None or not self._users:
             return Verdict.DENIED
         user, password = credentials
-        token = self._token(user, password)
-        remembered = self._verified.get(user)
-        if remembered is not None and hmac.compare_digest(remembered, token):
+        if self._passed_before(user, password):
             return Verdict.ALLOWED
         if self._pending >= MAX_PENDING_PASSWORD_CHECKS:
             return Verdict.BUSY
         if not await self._bcrypt(user, password):
             return Verdict.DENIED
-        self._verified[user] = token
+        self._verified[user] = self._token(user, password)
         return Verdict.ALLOWED
+
+    def _passed_before(self, user: str, password: str) -> bool:
+        remembered = self._verified.get(user)
+        return remembered is not None and hmac.compare_digest(
+            remembered, self._token(user, password)
+        )
 
     async def _bcrypt(self, user: str, password: str) -> bool:
         known = user in self._users
@@ -228,15 +246,10 @@ class RequestGuard:
         for reason, count in self._dropped.items():
             yield Sample(DROPPED, self._drop_labels[reason], count)
 
-    def note_dropped(self, reason: str, request: web.BaseRequest | None = None) -> None:
+    def note_dropped(self, reason: str, client: str | None = None) -> None:
         """A connection dropped (counted; one warning line a minute per reason)."""
         self._dropped[reason] += 1
-        self._rlog.warning(
-            ("dropped", reason),
-            "connection dropped",
-            reason=reason,
-            client=request.remote if request is not None else None,
-        )
+        self._rlog.warning(("dropped", reason), "connection dropped", reason=reason, client=client)
 
     def install(self, app: web.Application) -> None:
         app.middlewares.append(self._middleware)
@@ -244,28 +257,74 @@ class RequestGuard:
 
     @web.middleware
     async def _middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        authorization = request.headers.get("Authorization")
         if request.path in HEALTH_PATHS:
             if self._auth_health:
-                denied = await self._authenticate(request)
-                if denied is not None:
-                    return denied
+                refused = await self.authorize(request.transport, authorization)
+                if refused is not None:
+                    return refusal(refused)
             return await handler(request)
         if request.can_read_body and not await self._read_body(request):
             return self._closing(request, HTTPStatus.REQUEST_TIMEOUT)
-        if self._in_flight >= self._max_requests:
-            return self._reject("max_requests", HTTPStatus.SERVICE_UNAVAILABLE)
-        if self._bucket is not None and not self._bucket.allow():
-            return self._reject("rate_limit", HTTPStatus.TOO_MANY_REQUESTS)
-        self._in_flight += 1
-        try:
-            response = await self._authenticate(request) or await handler(request)
-        finally:
-            # The slot bounds work, not delivery: a client that never reads its response must
-            # not keep others from /metrics (40 such clients held every slot for as long as they
-            # liked). Delivery is bounded by --web.write-timeout instead.
-            self._in_flight -= 1
+        refused = self.over_limit()
+        if refused is not None:
+            return refusal(refused)
+        with self.slot():
+            refused = await self.authorize(request.transport, authorization)
+            response = refusal(refused) if refused is not None else await handler(request)
         await self._deliver(request, response)
         return response
+
+    def over_limit(self) -> str | None:
+        """The limit a request to a guarded endpoint is over now (``max_requests``,
+        ``rate_limit``: counted), or None when it may go on."""
+        if self._in_flight >= self._max_requests:
+            return self._count("max_requests")
+        if self._bucket is not None and not self._bucket.allow():
+            return self._count("rate_limit")
+        return None
+
+    @contextmanager
+    def slot(self) -> Iterator[None]:
+        """One of --web.max-requests' slots, held while a request is worked on.
+
+        The slot bounds work, not delivery: a client that never reads its response must not
+        keep others from /metrics (40 such clients held every slot for as long as they liked).
+        Delivery is bounded by --web.write-timeout instead."""
+        self._in_flight += 1
+        try:
+            yield
+        finally:
+            self._in_flight -= 1
+
+    def admits_at_once(
+        self, transport: asyncio.BaseTransport | None, authorization: str | None
+    ) -> bool:
+        """True when :meth:`authorize` would let the request through without waiting: no bcrypt
+        to run (no users, or this password passed before) and the client certificate, if one
+        is required to name an allowed SAN, does. False means: ask :meth:`authorize`."""
+        if self._allowed_sans and not self._has_allowed_san(transport):
+            return False
+        return self._passwords is None or self._passwords.remembered(authorization)
+
+    async def authorize(
+        self, transport: asyncio.BaseTransport | None, authorization: str | None
+    ) -> str | None:
+        """None when the request may proceed, else why not (``client_cert``, ``auth_busy``,
+        ``unauthorized``: counted)."""
+        if self._allowed_sans and not self._has_allowed_san(transport):
+            return self._count("client_cert")
+        if self._passwords is None:
+            return None
+        verdict = await self._passwords.check(authorization)
+        if verdict is Verdict.ALLOWED:
+            return None
+        return self._count("auth_busy" if verdict is Verdict.BUSY else "unauthorized")
+
+    @property
+    def response_headers(self) -> Mapping[str, str]:
+        """The web config's ``http_server_config.headers``, sent with every response."""
+        return self._headers
 
     async def _read_body(self, request: web.Request) -> bool:
         """Read the body before taking a slot (aiohttp keeps it for the handler), within
@@ -274,7 +333,7 @@ class RequestGuard:
             async with asyncio.timeout(self._read_timeout):
                 await request.read()  # at most client_max_size: 413 beyond it
         except TimeoutError:
-            self.note_dropped("body_timeout", request)
+            self.note_dropped("body_timeout", request.remote)
             return False
         return True
 
@@ -284,33 +343,17 @@ class RequestGuard:
                 await response.prepare(request)
                 await response.write_eof()
         except TimeoutError:
-            self.note_dropped("write_timeout", request)
+            self.note_dropped("write_timeout", request.remote)
             _abort(request)
         except ConnectionError:  # reset by the client: its own doing, not a server error
-            self.note_dropped("reset", request)
+            self.note_dropped("reset", request.remote)
             _abort(request)
 
     def _closing(self, request: web.Request, status: HTTPStatus) -> web.Response:
         _abort(request)
         return web.Response(status=status, text=f"{status.phrase}\n")
 
-    async def _authenticate(self, request: web.Request) -> web.Response | None:
-        """None when the request may proceed, else the answer to send."""
-        if self._allowed_sans and not self._has_allowed_san(request):
-            return self._reject("client_cert", HTTPStatus.FORBIDDEN)
-        if self._passwords is None:
-            return None
-        verdict = await self._passwords.check(request.headers.get("Authorization"))
-        if verdict is Verdict.ALLOWED:
-            return None
-        if verdict is Verdict.BUSY:
-            return self._reject("auth_busy", HTTPStatus.SERVICE_UNAVAILABLE)
-        response = self._reject("unauthorized", HTTPStatus.UNAUTHORIZED)
-        response.headers["WWW-Authenticate"] = REALM
-        return response
-
-    def _has_allowed_san(self, request: web.Request) -> bool:
-        transport = request.transport
+    def _has_allowed_san(self, transport: asyncio.BaseTransport | None) -> bool:
         peer = transport.get_extra_info("peercert") if transport is not None else None
         names = peer.get("subjectAltName", ()) if isinstance(peer, dict) else ()
         return any(_normalised_san(kind, value) in self._allowed_sans for kind, value in names)
@@ -319,13 +362,22 @@ class RequestGuard:
         """The HTTP parser refused a request (see :class:`ServerLog`)."""
         self._rejected["bad_request"] += 1
 
-    def _reject(self, reason: str, status: HTTPStatus) -> web.Response:
+    def _count(self, reason: str) -> str:
         self._rejected[reason] += 1
-        return web.Response(status=status, text=f"{status.phrase}\n")
+        return reason
 
     async def _add_headers(self, request: web.Request, response: web.StreamResponse) -> None:
         if self._headers:
             response.headers.update(self._headers)
+
+
+def refusal(reason: str) -> web.Response:
+    """The answer to a request the guard refused for ``reason``."""
+    status = REFUSAL_STATUS[reason]
+    response = web.Response(status=status, text=f"{status.phrase}\n")
+    if status is HTTPStatus.UNAUTHORIZED:
+        response.headers["WWW-Authenticate"] = REALM
+    return response
 
 
 def _normalised_sans(sans: Iterable[str]) -> frozenset[str]:

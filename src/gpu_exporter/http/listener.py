@@ -1,0 +1,88 @@
+"""The listening socket: every connection starts on the scrape fast path (``fastpath.py``), and
+aiohttp's server takes those that ask for anything else."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from ..config import Config
+from ..logs import get_logger
+from .fastpath import FastPath
+from .server import GZIP_KEY, SAMPLER_KEY, server_settings
+from .webguard import RequestGuard, ServerLog
+
+_log = get_logger("app")
+
+
+class ListenError(OSError):
+    """The web server could not bind ``--listen`` (in use, no permission, no such address)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass
+class WebServer:
+    """A listening exporter: the socket, the fast path and aiohttp's runner behind it."""
+
+    runner: web.AppRunner
+    fast_path: FastPath
+    server: asyncio.Server
+
+    @property
+    def port(self) -> int:
+        return int(self.server.sockets[0].getsockname()[1])
+
+    async def stop(self) -> None:
+        """Stop listening, close the fast path's connections, then aiohttp's (its shutdown
+        lets requests in progress finish)."""
+        self.server.close()
+        self.fast_path.close_all()
+        await self.runner.cleanup()
+
+
+async def start_web_server(
+    web_app: web.Application, config: Config, guard: RequestGuard
+) -> WebServer:
+    """Serve ``web_app`` on ``--listen``, over TLS when the web config has a certificate."""
+    settings = server_settings(config.web_read_timeout)
+    runner = web.AppRunner(
+        web_app, access_log=None, handle_signals=False, logger=ServerLog(guard), **settings
+    )
+    await runner.setup()
+    assert runner.server is not None  # set up above
+    fast_path = FastPath(
+        web_app[SAMPLER_KEY],
+        guard,
+        web_app[GZIP_KEY],
+        runner.server,
+        read_timeout=config.web_read_timeout,
+        write_timeout=config.web_write_timeout,
+    )
+    tls = config.web.tls if config.web else None
+    loop = asyncio.get_running_loop()
+    try:
+        server = await loop.create_server(
+            fast_path.connection,
+            config.listen_host,
+            config.listen_port,
+            ssl=tls.context if tls else None,
+        )
+    except OSError as exc:
+        await runner.cleanup()
+        raise ListenError(exc.strerror or str(exc)) from exc
+    except BaseException:
+        await runner.cleanup()
+        raise
+    _log.info(
+        "listening",
+        address=f"{config.listen_host}:{server.sockets[0].getsockname()[1]}",
+        tls=tls is not None,
+        client_auth=tls.client_auth if tls else "NoClientCert",
+        basic_auth=bool(config.web and config.web.auth_required),
+    )
+    return WebServer(runner, fast_path, server)
