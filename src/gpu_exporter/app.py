@@ -18,7 +18,7 @@ from aiohttp import web
 
 from .config import DEFAULT_POD_RESOURCES_SOCKET, Config
 from .http.admin import admin_routes
-from .http.listener import WebServer, start_web_server
+from .http.listener import WebServer, listen
 from .http.server import make_web_app
 from .http.webguard import RequestGuard
 from .http.webreload import WebConfigReloader
@@ -98,6 +98,20 @@ class Exporter:
 
             self.simulation.close()
             uninstall()
+
+
+async def start_web_server(
+    web_app: web.Application, config: Config, guard: RequestGuard
+) -> WebServer:
+    """Serve ``web_app`` on ``--listen`` with the ``--web.*`` settings."""
+    return await listen(
+        web_app,
+        guard,
+        (config.listen_host, config.listen_port),
+        config.web,
+        read_timeout=config.web_read_timeout,
+        write_timeout=config.web_write_timeout,
+    )
 
 
 def build_exporter(config: Config) -> Exporter:

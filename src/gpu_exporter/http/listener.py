@@ -8,10 +8,10 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from ..config import Config
 from ..logs import get_logger
 from .fastpath import FastPath
 from .server import GZIP_KEY, SAMPLER_KEY, server_settings
+from .webconfig import WebConfig
 from .webguard import RequestGuard, ServerLog
 
 _log = get_logger("app")
@@ -45,11 +45,18 @@ class WebServer:
         await self.runner.cleanup()
 
 
-async def start_web_server(
-    web_app: web.Application, config: Config, guard: RequestGuard
+async def listen(
+    web_app: web.Application,
+    guard: RequestGuard,
+    address: tuple[str, int],
+    web_config: WebConfig | None,
+    *,
+    read_timeout: float,
+    write_timeout: float,
 ) -> WebServer:
-    """Serve ``web_app`` on ``--listen``, over TLS when the web config has a certificate."""
-    settings = server_settings(config.web_read_timeout)
+    """Serve ``web_app`` on ``address``, over TLS when the web config has a certificate."""
+    host, port = address
+    settings = server_settings(read_timeout)
     runner = web.AppRunner(
         web_app, access_log=None, handle_signals=False, logger=ServerLog(guard), **settings
     )
@@ -60,16 +67,16 @@ async def start_web_server(
         guard,
         web_app[GZIP_KEY],
         runner.server,
-        read_timeout=config.web_read_timeout,
-        write_timeout=config.web_write_timeout,
+        read_timeout=read_timeout,
+        write_timeout=write_timeout,
     )
-    tls = config.web.tls if config.web else None
+    tls = web_config.tls if web_config else None
     loop = asyncio.get_running_loop()
     try:
         server = await loop.create_server(
             fast_path.connection,
-            config.listen_host,
-            config.listen_port,
+            host,
+            port,
             ssl=tls.context if tls else None,
         )
     except OSError as exc:
@@ -80,9 +87,9 @@ async def start_web_server(
         raise
     _log.info(
         "listening",
-        address=f"{config.listen_host}:{server.sockets[0].getsockname()[1]}",
+        address=f"{host}:{server.sockets[0].getsockname()[1]}",
         tls=tls is not None,
         client_auth=tls.client_auth if tls else "NoClientCert",
-        basic_auth=bool(config.web and config.web.auth_required),
+        basic_auth=bool(web_config and web_config.auth_required),
     )
     return WebServer(runner, fast_path, server)
