@@ -4,10 +4,17 @@ parser goes to aiohttp."""
 
 from __future__ import annotations
 
+import asyncio
+import gzip
+from types import SimpleNamespace
+
 import pytest
 
-from gpu_exporter.http.fastpath import Scrape, parse_scrape
+from gpu_exporter.exposition import Exposition
+from gpu_exporter.http.fastpath import FastPath, Scrape, parse_scrape
+from gpu_exporter.http.gzipped import GzipBodies
 from gpu_exporter.http.server import MAX_HEADERS
+from gpu_exporter.http.webguard import RequestGuard
 
 PLAIN = b"GET /metrics HTTP/1.1\r\nHost: node:9400"
 
@@ -57,3 +64,39 @@ def test_a_head_without_headers_and_connection_close() -> None:
 )
 def test_anything_else_is_left_to_aiohttp(head: bytes) -> None:
     assert parse_scrape(head) is None, f"the fast path must not answer {head[:60]!r}"
+
+
+class HeldGzip(GzipBodies):
+    """gzip bodies that are built only when the test says so, counting who waits for one."""
+
+    def __init__(self, waiters: int) -> None:
+        super().__init__()
+        self.waiting = 0
+        self.all_waiting = asyncio.Event()
+        self.expected = waiters
+        self.release = asyncio.Event()
+
+    async def body(self, exposition: Exposition, *, openmetrics: bool) -> bytes:
+        self.waiting += 1
+        if self.waiting == self.expected:
+            self.all_waiting.set()
+        await self.release.wait()
+        return exposition.body(openmetrics=openmetrics, gzipped=True)
+
+
+async def test_scrapes_waiting_for_the_gzip_body_hold_no_request_slot() -> None:
+    exposition = Exposition(text=b"up 1\n", openmetrics=b"up 1\n# EOF\n")
+    sampler = SimpleNamespace(exposition=exposition)
+    guard = RequestGuard(None, max_requests=1)
+    gzip_bodies = HeldGzip(waiters=3)
+    path = FastPath(
+        sampler, guard, gzip_bodies, asyncio.Protocol, read_timeout=30, write_timeout=10
+    )
+    scrape = Scrape(accept_encoding="gzip")
+    answers = [asyncio.ensure_future(path.answer(scrape, asyncio.BaseTransport())) for _ in "abc"]
+    await gzip_bodies.all_waiting.wait()
+    assert guard.over_limit() is None, "three scrapes wait on one gzip body: no slot is taken"
+    gzip_bodies.release.set()
+    for answer in await asyncio.gather(*answers):
+        assert answer.startswith(b"HTTP/1.1 200 OK\r\n")
+        assert answer.endswith(gzip.compress(b"up 1\n", compresslevel=1, mtime=0))
