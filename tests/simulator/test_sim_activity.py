@@ -198,3 +198,29 @@ def test_gpm_refuses_samples_100_ms_apart_or_closer_and_reversed(
     assert metric_value(first, second, SM_UTIL) == pytest.approx(50.0)
     with pytest.raises(pynvml.NVMLError_InvalidArgument):
         metric_value(second, first, SM_UTIL)  # reversed: never sorted behind the caller's back
+
+
+def test_reads_milliseconds_apart_share_one_integration_and_gpm_stays_exact(
+    make_node: MakeNode, clock: FakeClock
+) -> None:
+    """A read integrates counters only when they are over 10 ms behind (one round's reads come
+    ms apart); a GPM sample carries the time its counters reached, so the rate is still exact."""
+    node = make_node("""
+        gpus: [H100-SXM-80GB]
+        workloads:
+          - {gpu: 0, sm: {pattern: ramp, from: 0.2, to: 0.6, period: 60s}}
+        """)
+    handle, gpu = gpu0(), node.gpus[0]
+    first, second = pynvml.nvmlGpmSampleAlloc(), pynvml.nvmlGpmSampleAlloc()
+    pynvml.nvmlGpmSampleGet(handle, first)
+    clock.advance(15.0)
+    pynvml.nvmlDeviceGetTotalEnergyConsumption(handle)  # integrates to now
+    integrated = node.integrated_at(gpu)
+    clock.advance(0.004)
+    pynvml.nvmlGpmSampleGet(handle, second)
+    assert node.integrated_at(gpu) == integrated, "4 ms later: the same integration serves"
+    # The ramp's mean over [0, 15 s] (where the counters are): 0.2 + 0.4 * 7.5 / 60 = 0.25.
+    assert metric_value(first, second, SM_UTIL) == pytest.approx(25.0, rel=1e-6)
+    clock.advance(0.02)
+    pynvml.nvmlDeviceGetTotalEnergyConsumption(handle)
+    assert node.integrated_at(gpu) > integrated, "20 ms behind: integrated again"

@@ -100,6 +100,13 @@ class Failure:
         return self.times == 0
 
 
+# A read integrates its GPU's counters only when they are more than this behind: one round's reads
+# come ms apart (GPM samples of a GPU and each MIG instance, fields, energy), and integrating for
+# each was most of the simulator's CPU on mig56, on the GIL the event loop needs. GPM samples carry
+# the time their counters were integrated to, so rates between samples stay exact.
+READ_INTEGRATION_STEP_S = 0.01
+
+
 class SimulatedNode(DcgmHost, LinkEvents):
     """Simulated GPUs and their timeline; ``library`` is the fake ``libnvidia-ml``."""
 
@@ -179,13 +186,16 @@ class SimulatedNode(DcgmHost, LinkEvents):
                 if event.repeat:
                     self._schedule(event, at + event.repeat)
             if integrate:
-                self._integrate_to(t, gpu)
+                self._integrate_to(t, gpu, step=READ_INTEGRATION_STEP_S)
             return t
 
-    def _integrate_to(self, t: float, only: GpuDevice | None = None) -> None:
+    def integrated_at(self, gpu: GpuDevice) -> float:
+        return self._integrated[gpu.index]  # the simulated time gpu's counters are brought up to
+
+    def _integrate_to(self, t: float, only: GpuDevice | None = None, step: float = 0.0) -> None:
         for gpu in self.gpus if only is None else (only,):
             since = self._integrated[gpu.index]
-            if t > since:
+            if t - since > step:
                 gpu.advance(since, t)
                 self._integrated[gpu.index] = t
         self._last = max(self._last, t)

@@ -116,7 +116,8 @@ class GpmEventFunctions(FunctionsBase):
             "dram": acc.dram,
             "util": acc.util,
         }
-        self.node.gpm_samples[key] = GpmSample(device, self.now(), integrals)
+        at = self.node.integrated_at(device.gpu)  # the counters' time, not the call's
+        self.node.gpm_samples[key] = GpmSample(device, at, integrals)
         return SUCCESS
 
     def nvmlGpmSampleGet(self, handle: Any, sample: Any) -> int:
