@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from email.utils import formatdate
 from http import HTTPStatus
-from typing import Protocol, overload
+from typing import Protocol
 
 from aiohttp.http import SERVER_SOFTWARE
 
@@ -95,18 +95,14 @@ def parse_scrape(head: bytes) -> Scrape | None:
     return Scrape(
         accept=_text(wanted.get(b"accept", b"")),
         accept_encoding=_text(wanted.get(b"accept-encoding", b"")),
-        authorization=_text(wanted.get(b"authorization")),
+        authorization=_text(wanted[b"authorization"]) if b"authorization" in wanted else None,
         close=b"close" in (token.strip() for token in connection.split(b",")),
     )
 
 
-@overload
-def _text(value: bytes) -> str: ...
-@overload
-def _text(value: None) -> None: ...
-def _text(value: bytes | None) -> str | None:
+def _text(value: bytes) -> str:
     """A header value as aiohttp decodes one (UTF-8, undecodable bytes kept as surrogates)."""
-    return value.decode("utf-8", "surrogateescape") if value is not None else None
+    return value.decode("utf-8", "surrogateescape")
 
 
 @dataclass(frozen=True)
