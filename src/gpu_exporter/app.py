@@ -308,7 +308,7 @@ def _build_xid(
         devices=sampler.devices,
         unidentified_lost=sampler.unidentified_lost,
         holder=allocation,
-        on_change=sampler.render_now,
+        on_change=sampler.note_news,
     )
 
 

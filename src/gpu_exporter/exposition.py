@@ -127,51 +127,89 @@ class Exposition:
         return cached
 
 
-@dataclass(frozen=True, slots=True)
 class Block:
-    """Samples already written as exposition lines, grouped by family (in first-appearance order).
+    """Samples grouped by family (in first-appearance order), written as exposition lines on first
+    use and kept.
 
-    A part whose samples change less often than the exposition is rendered (a slow-cadence
-    collector's, renewed every 30 s, rendered every second) keeps its block and hands the same
-    one to every render: its values are formatted once, not once per render."""
+    Formatting is deferred to the first render that reads the block, so a round nobody scrapes
+    formats nothing (at a 15 s scrape interval and 1 s rounds, 14 rounds in 15). A part whose
+    samples change less often than the exposition is rendered (a slow-cadence collector's,
+    renewed every 30 s) keeps its block and hands the same one to every render: its values are
+    formatted once, not once per render. Built on one thread, read on another only after it is
+    handed over (a job's outcome), so the memo needs no lock."""
 
-    families: tuple[tuple[Family, str], ...]
+    __slots__ = ("_formatted", "_pending", "_prefix")
+
+    def __init__(
+        self,
+        families: tuple[tuple[Family, str], ...] = (),
+        *,
+        prefix: str = "",
+        pending: tuple[tuple[Family, list[tuple[str, float]]], ...] = (),
+    ) -> None:
+        self._formatted = families if not pending else None
+        self._pending = pending
+        self._prefix = prefix
+
+    @property
+    def families(self) -> tuple[tuple[Family, str], ...]:
+        """Each family with its lines, formatted now if this is the first read."""
+        formatted = self._formatted
+        if formatted is None:
+            prefix = self._prefix
+            formatted = tuple(
+                (family, _lines(family.name, prefix, samples)) for family, samples in self._pending
+            )
+            self._formatted, self._pending = formatted, ()
+        return formatted
 
 
-EMPTY_BLOCK = Block(())
+def _lines(name: str, prefix: str, samples: list[tuple[str, float]]) -> str:
+    """One family's sample lines; ``prefix`` (a device's labels) leads every line's label set."""
+    lines = []
+    for labels, value in samples:
+        if not labels:
+            labels = prefix
+        elif prefix:
+            labels = f"{prefix},{labels}"
+        text = format_value(value)
+        lines.append(f"{name}{{{labels}}} {text}\n" if labels else f"{name} {text}\n")
+    return "".join(lines)
+
+
+EMPTY_BLOCK = Block()
 
 
 class BlockWriter:
-    """Builds a :class:`Block` line by line; ``prefix`` (a device's labels) leads every line's
-    label set. The hot path of every collector: one call per series and round, kept flat."""
+    """Builds a :class:`Block` sample by sample; ``prefix`` (a device's labels) leads every
+    line's label set. The hot path of every collector: one call per series and round, kept flat;
+    it only records the value (formatting waits for a render, see :class:`Block`)."""
 
-    __slots__ = ("_families", "_lines", "_prefix")
+    __slots__ = ("_families", "_prefix", "_samples")
 
     def __init__(self, prefix: str = "") -> None:
         self._prefix = prefix
         self._families: dict[str, Family] = {}
-        self._lines: dict[str, list[str]] = {}
+        self._samples: dict[str, list[tuple[str, float]]] = {}
 
     def add(self, family: Family, value: float, labels: str = "") -> None:
-        if not labels:
-            labels = self._prefix
-        elif self._prefix:
-            labels = f"{self._prefix},{labels}"
-        text = format_value(value)
+        # float() now, not at render: a value that is not a number fails its collector, here,
+        # instead of the render that every other part's series share.
+        value = float(value)
         name = family.name
-        line = f"{name}{{{labels}}} {text}\n" if labels else f"{name} {text}\n"
-        lines = self._lines.get(name)
-        if lines is None:
+        samples = self._samples.get(name)
+        if samples is None:
             self._families[name] = family
-            self._lines[name] = [line]
+            self._samples[name] = [(labels, value)]
         else:
-            lines.append(line)
+            samples.append((labels, value))
 
     def block(self) -> Block:
-        if not self._lines:
+        if not self._samples:
             return EMPTY_BLOCK
         families = self._families
-        return Block(tuple((families[name], "".join(ls)) for name, ls in self._lines.items()))
+        pending = tuple((families[name], samples) for name, samples in self._samples.items())
+        return Block(prefix=self._prefix, pending=pending)
 
 
 def render_block(samples: Iterable[Sample]) -> Block:

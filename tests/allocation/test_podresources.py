@@ -217,6 +217,49 @@ async def test_socket_gone_and_back(kubelet: FakeKubelet, pool: WorkerPool) -> N
     await sub.stop()
 
 
+async def test_one_connection_serves_poll_after_poll(
+    kubelet: FakeKubelet, pool: WorkerPool
+) -> None:
+    every_id_form(kubelet)
+    sub = subsystem(kubelet, pool)
+    for _ in range(5):
+        await sub.poll()
+    assert sub.up
+    assert kubelet.server is not None
+    assert kubelet.server.accepted == 1, "each poll opened a connection of its own"
+    await sub.stop()
+
+
+async def test_a_kubelet_restart_between_polls_is_no_outage(
+    kubelet: FakeKubelet, pool: WorkerPool
+) -> None:
+    # The kept connection dies with the old kubelet; the same poll reconnects to the new one.
+    every_id_form(kubelet)
+    sub = subsystem(kubelet, pool)
+    await sub.poll()
+    await kubelet.stop()
+    await kubelet.start()
+    kubelet.release("train")
+    await sub.poll()
+    assert sub.up, "a restarted kubelet was reported down"
+    held = named(series(sub.samples()), "gpu_allocated")
+    assert held, "the restarted kubelet's holdings were not published"
+    assert not any('pod="train"' in key for key in held), "the old answer stayed"
+    await sub.stop()
+
+
+async def test_a_kubelet_gone_for_good_is_down_on_the_next_poll(
+    kubelet: FakeKubelet, pool: WorkerPool
+) -> None:
+    every_id_form(kubelet)
+    sub = subsystem(kubelet, pool)
+    await sub.poll()
+    await kubelet.stop()
+    await sub.poll()
+    assert series(sub.samples())[SOURCE_UP] == 0
+    await sub.stop()
+
+
 async def test_never_reachable(short_dir: Path, pool: WorkerPool) -> None:
     # Only the source's state and the (self-metric) count of unresolved ids: no allocation series.
     unresolved = {

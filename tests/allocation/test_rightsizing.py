@@ -60,7 +60,7 @@ class Node:
             await self.sampler.sample_round(Cadence.FAST)
             self.allocation.update()
         await self.allocation.scan_processes()
-        self.sampler.render_now()
+        self.sampler.note_news()
         return parse_exposition(self.sampler.exposition.text.decode())
 
 

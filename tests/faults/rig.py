@@ -70,7 +70,7 @@ class Rig:
             series = await self.scrape()
             if check(series):
                 return series
-            await self.exporter.sampler.wait_for_render()
+            await self.exporter.sampler.wait_for_news()
         raise AssertionError(f"never saw: {condition}")
 
     async def settle(self) -> Series:

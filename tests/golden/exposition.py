@@ -110,7 +110,7 @@ async def _run(
             xid._on_nvml_xid(13, devices[0], None, WALL_EPOCH + clock())  # application
             xid._on_nvml_xid(48, devices[1], None, WALL_EPOCH + clock())  # hardware: drain
     await allocation.scan_processes()
-    sampler.render_now()
+    sampler.note_news()
     return _TIMING.sub(r"\1 <timing>", sampler.exposition.text.decode())
 
 

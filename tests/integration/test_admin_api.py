@@ -45,7 +45,7 @@ async def drain_latched(exporter: Exporter, session: aiohttp.ClientSession, gpu:
         series = await scrape(session)
         if one(series, "gpu_drain_recommended", gpu=gpu, reason="hardware_xid") == 1:
             return series
-        await exporter.sampler.wait_for_render()
+        await exporter.sampler.wait_for_news()
     raise AssertionError(f"GPU {gpu} never latched a drain")
 
 

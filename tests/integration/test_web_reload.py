@@ -89,7 +89,7 @@ async def status(exporter: Exporter, pki: Pki, headers: dict[str, str]) -> int:
 
 async def reload_metrics(exporter: Exporter, pki: Pki) -> tuple[float, float, float]:
     """(successful reloads, failed reloads, last reload successful) as scraped."""
-    await exporter.sampler.wait_for_render()
+    await exporter.sampler.wait_for_news()
     connector = aiohttp.TCPConnector(ssl=pki.client_context())
     async with (
         aiohttp.ClientSession(connector=connector) as session,

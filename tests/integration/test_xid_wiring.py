@@ -51,7 +51,7 @@ async def until(exporter: Exporter, condition: str, check: object) -> Series:
         series = await scrape(exporter)
         if check(series):  # type: ignore[operator]
             return series
-        await exporter.sampler.wait_for_render()
+        await exporter.sampler.wait_for_news()
     raise AssertionError(f"never saw: {condition}")
 
 

@@ -6,9 +6,12 @@ container names), as the kubelet lists them; :mod:`.model` and :mod:`.dra` resol
 
 The calls are gRPC on the wire, made by :mod:`.grpcwire` (HTTP/2 on asyncio, no gRPC runtime:
 ~14 MiB less resident memory and no threads of its own). They never block the event loop and
-each has a deadline. Each fetch opens its own connection and closes it, so a kubelet restart (a
-new socket file) or a socket that appears late is picked up by the next poll, with no reconnect
-backoff in the way. The answers are read by :mod:`.protowire` (no protobuf runtime); a ``List``
+each has a deadline. The connection is kept from one fetch to the next (a connection set up per
+poll cost as much again as the call: the HTTP/2 preface and settings both ways); a kept
+connection that fails at the transport (the kubelet restarted: a closed connection, a new socket
+file) is replaced at once within the same fetch, and any failure drops it, so a socket that
+appears late or comes back is picked up by the next poll, with no reconnect backoff in the way.
+The answers are read by :mod:`.protowire` (no protobuf runtime); a ``List``
 answer byte for byte the same as the previous one is not read again.
 
 ``GetAllocatableResources`` changes only with the device plugins (a MIG reconfiguration, a new
@@ -104,17 +107,14 @@ class PodResourcesClient:
         self._last: PodResourcesSnapshot | None = None  # with the allocatable answer it holds
         self._last_list = b""  # the List answer it was read from
         self._allocatable_at: float | None = None  # when that answer came; None: ask next time
+        self._connection: Connection | None = None  # kept between fetches
 
     async def fetch(self, *, refresh_allocatable: bool = False) -> PodResourcesSnapshot:
         """List allocations, with the allocatable devices (asked again when due, see the module
         docstring, or when ``refresh_allocatable``); raises PodResourcesError on failure. An
         answer equal to the previous one is that same snapshot object."""
         try:
-            connection = await Connection.open(self._socket)
-            try:
-                snapshot, answer = await self._fetch(connection, refresh_allocatable)
-            finally:
-                await connection.close()
+            snapshot, answer = await self._fetch_connected(refresh_allocatable)
         except RpcError as exc:
             self._allocatable_at = None
             raise PodResourcesError(f"{exc.code.name}: {exc.details}") from exc
@@ -126,6 +126,36 @@ class PodResourcesClient:
             return self._last
         self._last = snapshot
         return snapshot
+
+    async def _fetch_connected(self, refresh: bool) -> tuple[PodResourcesSnapshot, bytes]:
+        """:meth:`_fetch` on the kept connection, or a new one; a kept connection the kubelet
+        closed since (it restarted) is replaced once. Any failure drops the connection: its
+        state is unknown after a deadline or a protocol error."""
+        kept = self._connection is not None
+        try:
+            return await self._fetch(await self._connected(), refresh)
+        except RpcError as exc:
+            await self._disconnect()
+            if not kept or exc.code is not StatusCode.UNAVAILABLE:
+                raise
+        except BaseException:
+            await self._disconnect()
+            raise
+        try:
+            return await self._fetch(await self._connected(), refresh)
+        except BaseException:
+            await self._disconnect()
+            raise
+
+    async def _connected(self) -> Connection:
+        if self._connection is None:
+            self._connection = await Connection.open(self._socket)
+        return self._connection
+
+    async def _disconnect(self) -> None:
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            await connection.close()
 
     async def _fetch(
         self, connection: Connection, refresh: bool
@@ -158,7 +188,8 @@ class PodResourcesClient:
         return containers == last.containers and claims == last.claims
 
     async def close(self) -> None:
-        """Nothing stays open between fetches (kept for the subsystem's shutdown)."""
+        """Close the kept connection (the subsystem's shutdown); a later fetch opens another."""
+        await self._disconnect()
 
     async def _allocatable(self, connection: Connection) -> tuple[tuple[str, str], ...] | None:
         try:

@@ -162,7 +162,8 @@ class PodResourcesServer:
         self._provider = provider  # looked up at each call (bench/simmeter.py wraps it)
         self._handlers = _handlers(lambda: self._provider())
         self._server: asyncio.Server | None = None
-        self._connections: set[asyncio.Task[None]] = set()
+        self._connections: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
+        self.accepted = 0  # connections accepted since construction (tests check reuse)
 
     async def start(self) -> None:
         self.socket_path.parent.mkdir(parents=True, exist_ok=True)
@@ -175,18 +176,20 @@ class PodResourcesServer:
         if server is not None:
             server.close()
             await server.wait_closed()
-        for task in list(self._connections):  # a stopped kubelet drops its connections too
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        # A stopped kubelet drops its connections too: closed under each connection's reader,
+        # which then ends (a cancelled connection task would be logged as an error by asyncio).
+        for writer in self._connections.values():
+            writer.close()
+        await asyncio.gather(*self._connections, return_exceptions=True)
         with contextlib.suppress(FileNotFoundError):
             self.socket_path.unlink()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None  # asyncio runs each connection's callback as a task
-        self._connections.add(task)
+        self._connections[task] = writer
+        self.accepted += 1
         try:
             await serve_connection(reader, writer, self._handlers)
         finally:
-            self._connections.discard(task)
+            del self._connections[task]

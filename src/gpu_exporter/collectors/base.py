@@ -63,10 +63,10 @@ class CollectorContext:
 
 
 class SampleWriter(BlockWriter):
-    """Writes one device's samples as exposition lines, each led by the device's labels.
+    """Records one device's samples; each line will be led by the device's labels.
 
-    The lines are rendered here, once, on the worker thread: a job's block is reused by every
-    render until the job runs again (docs/performance.md, "Rendering")."""
+    The lines are formatted once, by the first render that reads the job's block, and the block
+    is reused by every render until the job runs again (docs/performance.md, "Rendering")."""
 
     __slots__ = ()
 

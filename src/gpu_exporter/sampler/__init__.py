@@ -5,7 +5,9 @@ waits at most ``min(nvml_timeout, interval)``; a job still running then is aband
 replaced), counted as a timeout against the NVML function it was stuck in, and skipped in later
 rounds until its call returns. Its last good samples stay in the exposition, and
 ``gpu_exporter_sample_age_seconds`` shows how old they are. So a hung call delays nothing else:
-not other devices, not other collectors, not scrapes (which only ever read cached bytes).
+not other devices, not other collectors, not scrapes (which only ever read what rounds left: the
+exposition is rendered from the jobs' last blocks by the first read after a round, and served as
+cached bytes until the next).
 
 A job that meets GpuIsLost makes its GPU *suspect*; the next fast round probes it. A GPU that
 cannot even be looked up by index is lost: marked down (``gpu_up 0``), its series withdrawn, and

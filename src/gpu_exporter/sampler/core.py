@@ -1,5 +1,6 @@
 """Rounds: the :class:`Sampler` runs every collector on every device at its cadence, off the
-event loop, and renders the exposition after each round (see the package docstring)."""
+event loop; the exposition is rendered from their results when it is next read (see the package
+docstring)."""
 
 from __future__ import annotations
 
@@ -78,8 +79,9 @@ class Sampler:
         self._round_counts = dict.fromkeys(Cadence, 0)
         self._last_round_end: float | None = None
         self._exposition = render([], ())
+        self._stale = False  # a round or an event source has news the exposition lacks
         self._family_order = family_order(self._collector_types, self._sources)
-        self._rendered = asyncio.Event()
+        self._news = asyncio.Event()
         self._nvml_up = False
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -100,7 +102,7 @@ class Sampler:
             gpus=self._system.gpu_count,
             devices=sum(1 for _ in self.devices()),
         )
-        self._render()
+        self.note_news()
         if not background:
             return
         self._tasks = [
@@ -140,6 +142,13 @@ class Sampler:
 
     @property
     def exposition(self) -> Exposition:
+        """The exposition as of the last round, rendered now if it has not been since.
+
+        Rendering waits for a reader (a scrape, the status page): most rounds are never
+        scraped (1 s rounds, 15 s scrapes), so the rounds between scrapes render nothing."""
+        if self._stale:
+            self._stale = False
+            self._exposition = render_blocks(self._collect_blocks(), self._family_order)
         return self._exposition
 
     @property
@@ -170,16 +179,18 @@ class Sampler:
         failing collectors. None of them makes the sampler unhealthy; the other GPUs carry on."""
         return problems(self._gpus, self._clock())
 
-    async def wait_for_render(self) -> None:
-        """Wait for the next render (tests and callers that need fresh data await this)."""
-        self._rendered.clear()
-        await self._rendered.wait()
+    async def wait_for_news(self) -> None:
+        """Wait until the exposition next has news: a round settled or an event source told
+        :meth:`note_news` (tests and callers that need fresh data await this, then read
+        :attr:`exposition`)."""
+        self._news.clear()
+        await self._news.wait()
 
     async def wait_for_rounds(self, cadence: Cadence, count: int = 1) -> None:
-        """Wait until ``count`` more rounds of ``cadence`` have completed and been rendered."""
+        """Wait until ``count`` more rounds of ``cadence`` have completed."""
         target = self._round_counts[cadence] + count
         while self._round_counts[cadence] < target:
-            await self.wait_for_render()
+            await self.wait_for_news()
 
     # -- startup -----------------------------------------------------------------------------
 
@@ -205,7 +216,7 @@ class Sampler:
             await self.sample_round(cadence)
 
     async def sample_round(self, cadence: Cadence) -> None:
-        """Sample every device for one cadence, then render the exposition."""
+        """Sample every device for one cadence; the next read of the exposition renders it."""
         interval = (
             self._config.fast_interval if cadence is Cadence.FAST else self._config.slow_interval
         )
@@ -217,7 +228,7 @@ class Sampler:
         if cadence is Cadence.FAST:
             self._last_round_end = self._clock()
             self._round_done()
-        self._render()
+        self.note_news()
 
     async def _round(self, cadence: Cadence, interval: float) -> None:
         """Submit this cadence's work, wait a bounded time, then settle what finished or hung."""
@@ -407,13 +418,11 @@ class Sampler:
 
     # -- rendering ---------------------------------------------------------------------------
 
-    def render_now(self) -> None:
-        """Re-render at once (an event source calls this on the event loop when it has news)."""
-        self._render()
-
-    def _render(self) -> None:
-        self._exposition = render_blocks(self._collect_blocks(), self._family_order)
-        self._rendered.set()
+    def note_news(self) -> None:
+        """A round settled, or an event source has news (called on the event loop): the next
+        read of :attr:`exposition` renders again."""
+        self._stale = True
+        self._news.set()
 
     def _collect_blocks(self) -> Iterator[Block]:
         jobs = (job for state in self._gpus for job in state.jobs)
