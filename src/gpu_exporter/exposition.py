@@ -151,6 +151,11 @@ class Block:
         self._pending = pending
         self._prefix = prefix
 
+    def format(self) -> Block:
+        """Format the lines now, on this thread, rather than at the first read; returns self."""
+        self.families  # noqa: B018
+        return self
+
     @property
     def families(self) -> tuple[tuple[Family, str], ...]:
         """Each family with its lines, formatted now if this is the first read."""

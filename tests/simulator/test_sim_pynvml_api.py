@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import pathlib
 import threading
 
@@ -296,3 +297,14 @@ def test_this_file_calls_every_wrapper_the_exporter_uses() -> None:
     source = pathlib.Path(__file__).read_text(encoding="utf-8").split("EXPORTER_WRAPPERS =")[0]
     missing = [name for name in EXPORTER_WRAPPERS if f"pynvml.{name}(" not in source]
     assert missing == []
+
+
+def test_the_simulators_raw_gpm_metric_has_pynvmls_layout() -> None:
+    # The fake nvmlGpmMetricsGet writes the answers through a plain ctypes copy of the struct.
+    from gpu_exporter.simulator.nvml_gpm_events import RawGpmMetric
+
+    theirs = pynvml.c_nvmlGpmMetric_t
+    assert ctypes.sizeof(RawGpmMetric) == ctypes.sizeof(theirs), "array strides differ"
+    for name in ("metricId", "nvmlReturn", "value", "metricInfo"):
+        ours, real = getattr(RawGpmMetric, name), getattr(theirs, name)
+        assert (ours.offset, ours.size) == (real.offset, real.size), f"{name} is placed elsewhere"

@@ -27,9 +27,10 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from ..devices import DeviceId
-from ..exposition import Family, Sample, gauge, join_labels, label_string
+from ..exposition import Family, Sample, gauge
 from ..ledger import ActivityKind, ActivityLedger, ActivityPoint
 from ..migprofiles import MigProfileBook, ProfileTable
+from .metrics import fit_labels, holder_labels
 from .model import PodKey
 
 MEMORY_PEAK = gauge(
@@ -157,13 +158,11 @@ class RightSizer:
         for (uuid, (namespace, pod)), tenure in self._tenures.items():
             if tenure.peak is None:
                 continue  # no scan has seen its processes yet
-            labels = join_labels(
-                tenure.device.labels, label_string({"namespace": namespace, "pod": pod})
-            )
+            labels = holder_labels(tenure.device.labels, namespace, pod)
             yield Sample(MEMORY_PEAK, labels, float(tenure.peak))
             fit = self._fit(tenure) if uuid not in shared else None
             if fit is not None:
-                yield Sample(SMALLEST_FIT, join_labels(labels, label_string({"profile": fit})), 1)
+                yield Sample(SMALLEST_FIT, fit_labels(labels, fit), 1)
 
     def _fit(self, tenure: _Tenure) -> str | None:
         if tenure.device.is_mig or tenure.peak is None:

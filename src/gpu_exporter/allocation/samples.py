@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from functools import lru_cache
 
 from ..devices import DeviceId
-from ..exposition import Sample, join_labels, label_string
+from ..exposition import Sample, label_string
 from .accounting import IdleAccountant
 from .dra import DRA_REASONS
 from .metrics import (
@@ -21,6 +20,9 @@ from .metrics import (
     IDLE_STREAK,
     SHARING_INFO,
     UNRESOLVED,
+    holder_labels,
+    info_labels,
+    mode_labels,
 )
 from .model import Allocations
 from .process_activity import ContainerActivity
@@ -49,32 +51,14 @@ class UnresolvedCounts:
             yield Sample(UNRESOLVED, label_string({"reason": reason}), float(total))
 
 
-@lru_cache(maxsize=8192)
-def holder_labels(
-    device_labels: str, namespace: str, pod: str, container: str | None = None
-) -> str:
-    """A device's labels and a holder's, escaped once per holder and device rather than on
-    every render (a 100-pod MIG node rebuilt ~350 label sets a second). Bounded: holders come
-    and go over a node's life."""
-    extra = {"namespace": namespace, "pod": pod}
-    if container is not None:
-        extra["container"] = container
-    return join_labels(device_labels, label_string(extra))
-
-
 def allocation_samples(
     allocations: Allocations, accountant: IdleAccountant, rightsizer: RightSizer
 ) -> Iterable[Sample]:
     """Who holds what, the schedulable devices, the time counters and right-sizing."""
     held = allocations.pods_by_device()
-    for holding in allocations.holdings:
-        extra = {
-            "namespace": holding.namespace,
-            "pod": holding.pod,
-            "container": holding.container,
-            "resource": holding.resource,
-        }
-        yield Sample(ALLOCATION_INFO, join_labels(holding.device.labels, label_string(extra)), 1)
+    for h in allocations.holdings:
+        labels = info_labels(h.device.labels, h.namespace, h.pod, h.container, h.resource)
+        yield Sample(ALLOCATION_INFO, labels, 1)
     for device in allocations.schedulable:
         yield Sample(ALLOCATED, device.labels, 1.0 if held.get(device.uuid) else 0.0)
     for usage in accountant.usages():
@@ -98,7 +82,7 @@ def sharing_samples(
         gpus, allocations.pods_by_device(), allocations.replicated, mps, compute_modes
     )
     for gpu, mode in modes.items():
-        yield Sample(SHARING_INFO, join_labels(gpu.labels, label_string({"mode": mode})), 1)
+        yield Sample(SHARING_INFO, mode_labels(gpu.labels, mode), 1)
 
 
 def activity_samples(activity: ContainerActivity) -> Iterable[Sample]:

@@ -128,9 +128,18 @@ def read_get_request(data: bytes) -> tuple[str, str]:
 def _handlers(provider: Callable[[], KubeletState]) -> dict[str, Handler]:
     """The kubelet's three calls, each answering from ``provider()`` at the time of the call."""
 
+    # The last List answer and what it was written from: a node's holdings rarely change between
+    # polls, and writing 100 pods' messages took the event loop ~3 ms a poll.
+    last: list[tuple[tuple[_Entry | None, ...], bytes]] = []
+
     async def list_pods(request: bytes) -> bytes:
         state = provider()
-        return list_response(state.containers, state.claims)
+        written_from = (*state.containers, None, *state.claims)
+        if last and last[0][0] == written_from:
+            return last[0][1]
+        answer = list_response(state.containers, state.claims)
+        last[:] = [(written_from, answer)]
+        return answer
 
     async def get_allocatable(request: bytes) -> bytes:
         state = provider()

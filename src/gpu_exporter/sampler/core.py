@@ -80,6 +80,7 @@ class Sampler:
         self._last_round_end: float | None = None
         self._exposition = render([], ())
         self._stale = False  # a round or an event source has news the exposition lacks
+        self._read = False  # the exposition was read since the last round was submitted
         self._family_order = family_order(self._collector_types, self._sources)
         self._news = asyncio.Event()
         self._nvml_up = False
@@ -146,6 +147,7 @@ class Sampler:
 
         Rendering waits for a reader (a scrape, the status page): most rounds are never
         scraped (1 s rounds, 15 s scrapes), so the rounds between scrapes render nothing."""
+        self._read = True
         if self._stale:
             self._stale = False
             self._exposition = render_blocks(self._collect_blocks(), self._family_order)
@@ -258,7 +260,9 @@ class Sampler:
         self, cadence: Cadence, work: dict[concurrent.futures.Future[Any], Pending]
     ) -> None:
         """One batch per GPU (its MIG instances' jobs included) for this cadence; a job stuck in
-        an earlier call is left out."""
+        an earlier call is left out. While the exposition is being read (it was since the last
+        round) the jobs format their lines on the workers, as the next read will want them."""
+        format_now, self._read = self._read, False
         for state in self._gpus:
             if not state.up:
                 continue
@@ -271,7 +275,7 @@ class Sampler:
                 else:
                     ready.append(job)
             if ready:
-                self._submit_batch(state, Batch(ready), work)
+                self._submit_batch(state, Batch(ready, format_now=format_now), work)
 
     def _submit_batch(
         self, state: GpuState, batch: Batch, work: dict[concurrent.futures.Future[Any], Pending]

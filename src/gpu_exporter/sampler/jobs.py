@@ -66,10 +66,11 @@ class Batch:
     batch whose call returns runs nothing more.
     """
 
-    __slots__ = ("abandoned", "future", "jobs")
+    __slots__ = ("abandoned", "format_now", "future", "jobs")
 
-    def __init__(self, jobs: Sequence[Job]) -> None:
+    def __init__(self, jobs: Sequence[Job], *, format_now: bool = False) -> None:
         self.jobs = tuple(jobs)
+        self.format_now = format_now  # format the samples here, off the loop (see run_job)
         self.abandoned = False
         self.future: concurrent.futures.Future[None] | None = None
         for job in self.jobs:
@@ -82,7 +83,7 @@ class Batch:
                 return
             job.running = True
             try:
-                job.outcome = run_job(job)
+                job.outcome = run_job(job, format_now=self.format_now)
             except BaseException as exc:  # delivered to the sampler on the loop, not lost
                 job.outcome = exc
             finally:
@@ -125,12 +126,16 @@ def close_jobs(pool: WorkerPool, jobs: list[Job]) -> None:
         pool.submit(close_all)
 
 
-def run_job(job: Job) -> JobOutcome:
-    """The worker-thread side of a job."""
+def run_job(job: Job, *, format_now: bool = False) -> JobOutcome:
+    """The worker-thread side of a job. With ``format_now`` (the exposition is being read: a
+    scraper is there) its lines are formatted here rather than by the read that renders them,
+    which would hold the event loop; otherwise formatting waits for a read that may never
+    come (exposition.Block)."""
     started = time.perf_counter()
     writer = SampleWriter(job.collector.device.id.labels)
     job.collector.collect(job.calls, writer)
-    return JobOutcome(writer.block(), time.perf_counter() - started, list(job.calls.failures))
+    block = writer.block().format() if format_now else writer.block()
+    return JobOutcome(block, time.perf_counter() - started, list(job.calls.failures))
 
 
 async def settle(work: dict[concurrent.futures.Future[Any], Pending], wait_s: float) -> None:

@@ -70,8 +70,16 @@ class Workload:
     spec: WorkloadSpec
     pid: int
     origin: float
+    _signals: dict[Metric, Placed] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # Spec and origin never change, and every integration asks for each metric's signal.
+        self._signals = {metric: self._placed(metric) for metric in METRICS}
 
     def signal(self, metric: Metric) -> Placed:
+        return self._signals[metric]
+
+    def _placed(self, metric: Metric) -> Placed:
         spec = self.spec
         if metric == "occupancy":
             if spec.occupancy is not None:

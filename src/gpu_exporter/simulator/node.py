@@ -15,13 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_exporter.simulator.dcgm_host import DcgmHost
-from gpu_exporter.simulator.devices import (
-    MPS_SERVER_BYTES,
-    Device,
-    GpuDevice,
-    MigDevice,
-    Workload,
-)
+from gpu_exporter.simulator.devices import MPS_SERVER_BYTES, Device, GpuDevice, MigDevice, Workload
 from gpu_exporter.simulator.drivers import field_layout
 from gpu_exporter.simulator.events import parse_events
 from gpu_exporter.simulator.kmsg import (
@@ -177,6 +171,9 @@ class SimulatedNode(DcgmHost, LinkEvents):
         values can skip it and the next integrating call catches up exactly. With ``gpu``, only
         that GPU is brought up to now (a read of one device need not integrate all of them).
         """
+        t, due = self.now(), next(iter(self._timeline), None)  # read whole: no lock held yet
+        if not integrate and (due is None or due[0] > t):
+            return t  # every call starts here: nothing due, nothing to integrate, no lock taken
         with self.lock:
             t = self.now()
             while self._timeline and self._timeline[0][0] <= t:
