@@ -122,6 +122,35 @@ async def test_the_client_against_grpcio_lists_pods_without_allocatable(
     assert snapshot.allocatable is None
 
 
+async def test_the_kept_connection_serves_fetch_after_fetch_and_outlives_a_grpcio_restart(
+    short_dir: Path,
+) -> None:
+    # The client keeps its connection between polls; a restarted kubelet leaves it dead, and
+    # the next fetch must reconnect on its own rather than report the kubelet down.
+    socket = short_dir / "restart.sock"
+
+    async def serve() -> grpc.aio.Server:
+        server = grpc.aio.server()
+        server.add_generic_rpc_handlers((GrpcioKubelet().handler(),))
+        server.add_insecure_port(f"unix://{socket}")
+        await server.start()
+        return server
+
+    server = await serve()
+    client = PodResourcesClient(socket, timeout=5.0)
+    try:
+        for poll in range(3):
+            listed = (await client.fetch()).containers
+            assert len(listed) == len(MANY), f"poll {poll} on the kept connection lost pods"
+        await server.stop(grace=None)
+        server = await serve()
+        listed = (await client.fetch()).containers
+        assert len(listed) == len(MANY), "the fetch after a grpcio restart lost pods"
+    finally:
+        await client.close()
+        await server.stop(grace=None)
+
+
 @pytest.fixture
 async def own_server(short_dir: Path) -> AsyncIterator[Path]:
     server = PodResourcesServer(
