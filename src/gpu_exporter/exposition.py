@@ -141,13 +141,9 @@ class Block:
     __slots__ = ("_formatted", "_pending", "_prefix")
 
     def __init__(
-        self,
-        families: tuple[tuple[Family, str], ...] = (),
-        *,
-        prefix: str = "",
-        pending: tuple[tuple[Family, list[tuple[str, float]]], ...] = (),
+        self, pending: tuple[tuple[Family, list[tuple[str, float]]], ...] = (), prefix: str = ""
     ) -> None:
-        self._formatted = families if not pending else None
+        self._formatted: tuple[tuple[Family, str], ...] | None = None if pending else ()
         self._pending = pending
         self._prefix = prefix
 
@@ -214,7 +210,7 @@ class BlockWriter:
             return EMPTY_BLOCK
         families = self._families
         pending = tuple((families[name], samples) for name, samples in self._samples.items())
-        return Block(prefix=self._prefix, pending=pending)
+        return Block(pending, self._prefix)
 
 
 def render_block(samples: Iterable[Sample]) -> Block:

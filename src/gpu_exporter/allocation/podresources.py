@@ -129,18 +129,18 @@ class PodResourcesClient:
 
     async def _fetch_connected(self, refresh: bool) -> tuple[PodResourcesSnapshot, bytes]:
         """:meth:`_fetch` on the kept connection, or a new one; a kept connection the kubelet
-        closed since (it restarted) is replaced once. Any failure drops the connection: its
-        state is unknown after a deadline or a protocol error."""
+        closed since (it restarted) is replaced once."""
         kept = self._connection is not None
         try:
-            return await self._fetch(await self._connected(), refresh)
+            return await self._fetch_once(refresh)
         except RpcError as exc:
-            await self._disconnect()
             if not kept or exc.code is not StatusCode.UNAVAILABLE:
                 raise
-        except BaseException:
-            await self._disconnect()
-            raise
+        return await self._fetch_once(refresh)
+
+    async def _fetch_once(self, refresh: bool) -> tuple[PodResourcesSnapshot, bytes]:
+        """Any failure drops the connection: its state is unknown after a deadline or a
+        protocol error."""
         try:
             return await self._fetch(await self._connected(), refresh)
         except BaseException:

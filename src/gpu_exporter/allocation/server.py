@@ -130,16 +130,16 @@ def _handlers(provider: Callable[[], KubeletState]) -> dict[str, Handler]:
 
     # The last List answer and what it was written from: a node's holdings rarely change between
     # polls, and writing 100 pods' messages took the event loop ~3 ms a poll.
-    last: list[tuple[tuple[_Entry | None, ...], bytes]] = []
+    last_from: tuple[_Entry | None, ...] | None = None
+    last_answer = b""
 
     async def list_pods(request: bytes) -> bytes:
+        nonlocal last_from, last_answer
         state = provider()
         written_from = (*state.containers, None, *state.claims)
-        if last and last[0][0] == written_from:
-            return last[0][1]
-        answer = list_response(state.containers, state.claims)
-        last[:] = [(written_from, answer)]
-        return answer
+        if written_from != last_from:
+            last_from, last_answer = written_from, list_response(state.containers, state.claims)
+        return last_answer
 
     async def get_allocatable(request: bytes) -> bytes:
         state = provider()
