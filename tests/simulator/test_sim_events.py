@@ -9,7 +9,7 @@ import threading
 import pynvml
 import pytest
 
-from gpu_exporter.simulator import ScenarioError
+from gpu_exporter.simulator import ScenarioError, SimulatedNode, install, loads_scenario, uninstall
 
 from .sim_helpers import FakeClock, MakeNode
 
@@ -21,6 +21,9 @@ gpus:
 workloads:
   - {gpu: 0, pod: web, namespace: prod, pid: 4242, process_name: python3, sm: 0.5}
 """
+
+
+TIMELINE_XID_SOON = "timeline:\n  - {at: 200ms, type: xid, gpu: 0, code: 31}\n"
 
 
 def xid_set(*gpus: int) -> object:
@@ -172,6 +175,26 @@ def test_wait_is_woken_from_another_thread(make_node: MakeNode) -> None:
     node.inject({"type": "xid", "gpu": 0, "code": 43})
     waiter.join(5)
     assert received == [43]
+
+
+def test_a_wait_wakes_when_the_timeline_has_an_event_due() -> None:
+    """Nothing else calls in: the blocked wait itself sleeps until the Xid is due (real clock),
+    as a driver's wait sleeps in the kernel, instead of polling the timeline."""
+    node = SimulatedNode(loads_scenario(NODE + TIMELINE_XID_SOON, "soon.yaml"))
+    install(node)
+    received: list[int] = []
+    try:
+        pynvml.nvmlInit()
+        event_set = xid_set(0)
+        waiter = threading.Thread(
+            target=lambda: received.append(pynvml.nvmlEventSetWait_v2(event_set, 60_000).eventData)
+        )
+        waiter.start()
+        waiter.join(10)
+        assert received == [31], "the wait did not wake when the timeline's Xid fell due"
+    finally:
+        uninstall()
+        node.close()
 
 
 def test_lost_gpu_interrupts_a_wait(make_node: MakeNode) -> None:

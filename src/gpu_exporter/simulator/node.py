@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-import heapq
 import itertools
+import math
 import threading
 import time
 import uuid
@@ -43,6 +43,7 @@ from gpu_exporter.simulator.scenario import (
     Scenario,
     WorkloadSpec,
 )
+from gpu_exporter.simulator.timeline import Timeline
 
 FIRST_PID = 210001
 
@@ -142,13 +143,12 @@ class SimulatedNode(DcgmHost, LinkEvents):
         self.pid_offset = pid_offset
         self._pids = itertools.count(FIRST_PID)
         self._mps_pids: dict[int, int] = {}  # id() of a device -> its MPS server's pid
-        self._sequence = itertools.count()
-        self._timeline: list[tuple[float, int, EventSpec]] = []
+        self._timeline = Timeline(on_sooner=self._wake_waiters)
         self._index_handles()
         for spec in scenario.workloads:
             self._start_workload(spec, 0.0)
         for event in scenario.timeline:
-            self._schedule(event, event.at or 0.0)
+            self._timeline.schedule(event, event.at or 0.0)
         self._clock = clock
         self._t0 = clock() if epoch is None else epoch
         self.wall_origin = time.time() if wall_origin is None else wall_origin
@@ -171,20 +171,24 @@ class SimulatedNode(DcgmHost, LinkEvents):
         values can skip it and the next integrating call catches up exactly. With ``gpu``, only
         that GPU is brought up to now (a read of one device need not integrate all of them).
         """
-        t, due = self.now(), next(iter(self._timeline), None)  # read whole: no lock held yet
-        if not integrate and (due is None or due[0] > t):
+        t, due = self.now(), self._timeline.next_at()
+        if not integrate and (due is None or due > t):
             return t  # every call starts here: nothing due, nothing to integrate, no lock taken
         with self.lock:
             t = self.now()
-            while self._timeline and self._timeline[0][0] <= t:
-                at, _, event = heapq.heappop(self._timeline)
+            for at, event in self._timeline.pop_due(t):
                 self._integrate_to(at)  # events change state: everything catches up first
                 self._apply(event, at)
                 if event.repeat:
-                    self._schedule(event, at + event.repeat)
+                    self._timeline.schedule(event, at + event.repeat)
             if integrate:
                 self._integrate_to(t, gpu, step=READ_INTEGRATION_STEP_S)
             return t
+
+    def seconds_until_due(self) -> float:
+        """Until the timeline's next event (inf when none); a waiter sleeps at most this long."""
+        due = self._timeline.next_at()
+        return math.inf if due is None else max(0.0, due - self.now())
 
     def integrated_at(self, gpu: GpuDevice) -> float:
         return self._integrated[gpu.index]  # the simulated time gpu's counters are brought up to
@@ -197,8 +201,10 @@ class SimulatedNode(DcgmHost, LinkEvents):
                 self._integrated[gpu.index] = t
         self._last = max(self._last, t)
 
-    def _schedule(self, event: EventSpec, at: float) -> None:
-        heapq.heappush(self._timeline, (at, next(self._sequence), event))
+    def _wake_waiters(self) -> None:
+        for event_set in list(self.event_sets.values()):
+            with event_set.condition:
+                event_set.condition.notify_all()
 
     # ------------------------------------------------------------------ public control
 
@@ -221,10 +227,7 @@ class SimulatedNode(DcgmHost, LinkEvents):
         with self.lock:
             for hang in self.hangs:
                 hang.released.set()
-            sets = list(self.event_sets.values())
-        for event_set in sets:
-            with event_set.condition:
-                event_set.condition.notify_all()
+        self._wake_waiters()
 
     @property
     def kmsg_lines(self) -> list[str]:
@@ -361,7 +364,7 @@ class SimulatedNode(DcgmHost, LinkEvents):
                 "reason": p["reason"],
                 "state": "off",
             }
-            self._schedule(EventSpec("throttle", off, raw), t + p["duration"])
+            self._timeline.schedule(EventSpec("throttle", off, raw), t + p["duration"])
 
     def _on_ecc(self, p: Mapping[str, Any], t: float) -> None:
         for gpu in self._targets(p):
@@ -493,5 +496,5 @@ class SimulatedNode(DcgmHost, LinkEvents):
 
         with self.lock:
             t = self.advance()
-            upcoming = sorted(self._timeline)[:20]
-            return node_summary(self, t, [(at, e.raw) for at, _, e in upcoming])
+            upcoming = self._timeline.upcoming(20)
+            return node_summary(self, t, [(at, e.raw) for at, e in upcoming])

@@ -74,13 +74,24 @@ class ProcTree:
     def __init__(self, root: Path) -> None:
         self.proc_path = root / "proc"
         self.pod_logs_path = root / "pods"
+        self._shown: tuple[frozenset[SimProcess], frozenset[tuple[str, str, str]]] | None = None
 
     def sync(self, processes: Iterable[SimProcess], pods: Iterable[tuple[str, str, str]]) -> None:
-        """Make the tree show exactly ``processes`` and the pods ``(namespace, pod, container)``."""
+        """Make the tree show exactly ``processes`` and the pods ``(namespace, pod, container)``.
+
+        Nothing is read or written while both are what the tree shows already and it is still
+        there: walking a 56-device node's tree cost 2-3 ms of Python, twice a second, on the
+        exporter's GIL (a real node's /proc costs the exporter nothing until it reads it)."""
+        processes = list(processes)
+        wanted = (frozenset(processes), frozenset(pods))
+        if wanted == self._shown and self.proc_path.is_dir() and self.pod_logs_path.is_dir():
+            return
+        self._shown = None  # a sync that fails half-way is redone in full next time
         wanted_pids = {p.pid: p for p in processes}
         self._sync_procs(wanted_pids)
         containers = {(p.namespace, p.pod, p.container) for p in wanted_pids.values()}
-        self._sync_pods(containers | set(pods))
+        self._sync_pods(containers | wanted[1])
+        self._shown = wanted
 
     def _sync_procs(self, wanted: dict[int, SimProcess]) -> None:
         self.proc_path.mkdir(parents=True, exist_ok=True)
