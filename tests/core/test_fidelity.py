@@ -6,6 +6,7 @@ import pytest
 
 from tests.helpers import one, select, simulated_sampler
 
+GB200_NODE = "gpus: [{model: GB200-NVL72}]"
 H100 = "gpus: [{model: H100-SXM-80GB}]\nworkloads: [{gpu: 0, pod: p, memory: 1GiB, sm: 0.5}]"
 
 
@@ -45,6 +46,31 @@ async def test_memory_v2_refused_falls_back_to_v1_and_the_log_says_why(
     out = capsys.readouterr().out
     assert "struct version 0x02000028" in out
     assert "answers FunctionNotFound also for a struct version it does not take" in out
+
+
+async def test_a_struct_version_the_driver_refuses_is_remembered_and_the_older_call_used(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """ArgumentVersionMismatch: the driver knows the function but not the struct version the
+    binding sends. That holds until the driver changes, so it is asked once, like NotSupported,
+    and the fabric is read through the unversioned call instead of failing every round."""
+    async with simulated_sampler(GB200_NODE) as sim:
+        sim.inject(
+            {
+                "type": "nvml_error",
+                "function": "nvmlDeviceGetGpuFabricInfoV",
+                "error": "argument_version_mismatch",
+            }
+        )
+        for _ in range(3):
+            sim.clock.advance(30)
+            series = await sim.slow_round()
+        assert sim.node.calls["nvmlDeviceGetGpuFabricInfoV"] == 1, "remembered after one answer"
+    assert one(series, "gpu_fabric_healthy") == 1, "the v1 struct still reads the fabric"
+    assert len(select(series, "gpu_fabric_info")) == 1
+    assert select(series, "gpu_exporter_nvml_errors_total") == {}, "not an error of the device"
+    out = capsys.readouterr().out
+    assert "does not take the struct version" in out, "the one log line does not say why"
 
 
 MIG_NODE = """

@@ -21,6 +21,7 @@ from .errors import (
     is_no_permission,
     is_not_found,
     is_not_supported,
+    is_version_refused,
 )
 
 T = TypeVar("T")
@@ -141,6 +142,9 @@ class DeviceCalls:
         if is_no_permission(exc):
             self._mark_unsupported(key, exc, _NO_PERMISSION_EXPLAINED)
             return
+        if is_version_refused(exc):  # holds until the driver changes, as NotSupported does
+            self._mark_unsupported(key, exc, explain or _VERSION_REFUSED_EXPLAINED)
+            return
         if is_lost(exc):
             self._errors.add(function, error_name(exc))
             raise DeviceLost(self._lost_uuid, function) from exc
@@ -194,6 +198,10 @@ class DeviceCalls:
 _NO_PERMISSION_EXPLAINED = (
     "this call needs privileges the exporter lacks (root or CAP_SYS_ADMIN), which do not change "
     "while it runs; docs/deploy.md lists what a non-root deployment loses"
+)
+_VERSION_REFUSED_EXPLAINED = (
+    "the driver has this function but does not take the struct version the binding sends "
+    "(nvidia-ml-py newer or older than the driver); asked again only after the driver changes"
 )
 
 

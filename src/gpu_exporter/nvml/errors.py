@@ -28,6 +28,7 @@ _NOT_SUPPORTED = frozenset({pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_F
 _LOST = frozenset({pynvml.NVML_ERROR_GPU_IS_LOST, pynvml.NVML_ERROR_RESET_REQUIRED})
 _NOT_FOUND: int = pynvml.NVML_ERROR_NOT_FOUND
 _NO_PERMISSION: int = pynvml.NVML_ERROR_NO_PERMISSION
+_VERSION_REFUSED: int = pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
 # Codes that mean "the library or driver is not there", as opposed to a failing device.
 _UNAVAILABLE = frozenset(
     {
@@ -77,6 +78,11 @@ def is_not_supported(exc: BaseException) -> bool:
 
 def is_no_permission(exc: BaseException) -> bool:
     return nvml_code(exc) == _NO_PERMISSION
+
+
+def is_version_refused(exc: BaseException) -> bool:
+    """ArgumentVersionMismatch: the driver has the function but not the struct version sent."""
+    return nvml_code(exc) == _VERSION_REFUSED
 
 
 def is_lost(exc: BaseException) -> bool:
