@@ -111,6 +111,10 @@ class Exposition:
     openmetrics: bytes
     _gzipped: dict[bool, bytes] = field(default_factory=dict)
 
+    def gzipped_formats(self) -> tuple[bool, ...]:
+        """The formats (``openmetrics``) whose gzip body was built: what scrapers asked for."""
+        return tuple(self._gzipped)
+
     def cached_gzip(self, *, openmetrics: bool) -> bytes | None:
         """The gzip body if it was built already (see ``http/gzipped.py``)."""
         return self._gzipped.get(openmetrics)
@@ -136,7 +140,8 @@ class Block:
     samples change less often than the exposition is rendered (a slow-cadence collector's,
     renewed every 30 s) keeps its block and hands the same one to every render: its values are
     formatted once, not once per render. Built on one thread, read on another only after it is
-    handed over (a job's outcome), so the memo needs no lock."""
+    handed over (a job's outcome). Two renders may read one block at once (one on a thread, see
+    ``Sampler._publish_round``): both format the same lines, so the memo needs no lock."""
 
     __slots__ = ("_formatted", "_pending", "_prefix")
 
@@ -155,11 +160,13 @@ class Block:
     @property
     def families(self) -> tuple[tuple[Family, str], ...]:
         """Each family with its lines, formatted now if this is the first read."""
-        formatted = self._formatted
+        # _pending first: a render on another thread may be formatting this block right now,
+        # and it sets _formatted before it empties _pending.
+        pending, formatted = self._pending, self._formatted
         if formatted is None:
             prefix = self._prefix
             formatted = tuple(
-                (family, _lines(family.name, prefix, samples)) for family, samples in self._pending
+                (family, _lines(family.name, prefix, samples)) for family, samples in pending
             )
             self._formatted, self._pending = formatted, ()
         return formatted

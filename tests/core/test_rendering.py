@@ -1,11 +1,13 @@
 """When the exposition is rendered: on read, once per round, and off the loop while scraped.
 
-A round only marks the exposition stale. Reading it renders, and a job's samples are formatted
-by that first render, unless the exposition was read since the previous round: then the jobs
-format their own lines on the worker threads, where they do not hold the event loop."""
+A round nobody reads only marks the exposition stale: the next read renders it, and a job's
+samples are formatted by that first render. While the exposition is read every round (scrapers
+are active), the jobs format their own lines on the worker threads and the round's end renders
+the whole exposition on a thread, so that the next scrape finds it ready."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 
 import pytest
@@ -28,6 +30,20 @@ def formatting(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         return original(value)
 
     monkeypatch.setattr(exposition, "format_value", format_value)
+    return threads
+
+
+@pytest.fixture
+def renders(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The name of the thread of every render of the whole exposition."""
+    threads: list[str] = []
+    original = exposition.render_blocks
+
+    def render_blocks(*args: object) -> exposition.Exposition:
+        threads.append(threading.current_thread().name)
+        return original(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr("gpu_exporter.sampler.core.render_blocks", render_blocks)
     return threads
 
 
@@ -73,3 +89,60 @@ async def test_while_scraped_the_jobs_format_on_the_workers(formatting: list[str
     assert formatted_by_jobs, "the round after a read left its formatting to the next read"
     assert loop not in formatted_by_jobs, f"jobs formatted on the loop thread {loop}"
     assert on_loop < 100, f"the read still formatted {on_loop} values on the loop"
+
+
+async def test_while_scraped_a_round_is_rendered_on_a_thread_before_the_next_read(
+    renders: list[str],
+) -> None:
+    async with simulated_sampler(SCENARIO) as sim:
+        await fast_round(sim)
+        sim.sampler.exposition  # noqa: B018  (a scraper read this round)
+        renders.clear()
+        await fast_round(sim)
+        rendered_by_round = list(renders)
+        renders.clear()
+        text = sim.sampler.exposition.text.decode()
+    loop = threading.current_thread().name
+    assert len(rendered_by_round) == 1, f"the round rendered {len(rendered_by_round)} times"
+    assert rendered_by_round[0] != loop, "the round rendered on the loop thread"
+    assert renders == [], "the read after the round rendered it again"
+    assert 'gpu_power_watts{gpu="1"' in text, "the threaded render lacks the round's samples"
+
+
+async def test_rounds_nobody_reads_are_not_rendered_ahead(renders: list[str]) -> None:
+    async with simulated_sampler(SCENARIO) as sim:
+        await fast_round(sim)
+        sim.sampler.exposition  # noqa: B018
+        await fast_round(sim)  # rendered ahead: the previous round was read
+        renders.clear()
+        for _ in range(3):
+            await fast_round(sim)
+    assert renders == [], "rounds nobody read were rendered"
+
+
+async def test_a_read_while_the_round_renders_gets_the_previous_round_and_keeps_news(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    started, release = threading.Event(), threading.Event()
+    loop = threading.current_thread()
+    original = exposition.render_blocks
+
+    def held_off_the_loop(*args: object) -> exposition.Exposition:
+        if threading.current_thread() is not loop:
+            started.set()
+            release.wait(10)
+        return original(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr("gpu_exporter.sampler.core.render_blocks", held_off_the_loop)
+    async with simulated_sampler(SCENARIO) as sim:
+        await fast_round(sim)
+        previous = sim.sampler.exposition
+        round_task = asyncio.create_task(fast_round(sim))
+        assert await asyncio.to_thread(started.wait, 10), "the round did not render on a thread"
+        assert sim.sampler.exposition is previous, "a read during the round's render waited for it"
+        sim.sampler.note_news()  # an event source's news while the round renders
+        with_news = sim.sampler.exposition
+        assert with_news is not previous, "news during the round's render was not rendered"
+        release.set()
+        await round_task
+        assert sim.sampler.exposition is with_news, "the round's older render replaced a newer one"
