@@ -149,7 +149,8 @@ class Sampler:
         """The exposition as of the last round, rendered now if it has not been since.
 
         Rendering waits for a reader (a scrape, the status page): most rounds are never
-        scraped (1 s rounds, 15 s scrapes), so the rounds between scrapes render nothing."""
+        scraped (1 s rounds, 15 s scrapes), so the rounds between scrapes render nothing. While
+        a round is rendered on a thread (:meth:`_publish_round`), reads get the previous one."""
         self._read = self._read_since_news = True
         if self._shown < self._news_count and self._ahead != self._news_count:
             self._shown = self._news_count
@@ -438,7 +439,8 @@ class Sampler:
         for it (4.6 ms on ``mig56``; docs/performance.md): scrapes meanwhile get the previous
         round's exposition. Unread rounds render on the next read, as before."""
         self._news_count += 1
-        if self._read_since_news and self._ahead is None:
+        ahead, self._read_since_news = self._read_since_news and self._ahead is None, False
+        if ahead:
             news = self._ahead = self._news_count
             blocks = list(self._collect_blocks())  # the parts' state is read here, on the loop
             gzipped = self._exposition.gzipped_formats()  # what the scrapers asked for
@@ -451,7 +453,6 @@ class Sampler:
                     self._shown, self._exposition = news, exposition
             finally:
                 self._ahead = None
-        self._read_since_news = False
         self._news.set()
 
     def _render(self, blocks: list[Block], gzipped: tuple[bool, ...]) -> Exposition:
