@@ -300,7 +300,7 @@ def cap_malloc_arenas(environ: Mapping[str, str]) -> bool:
 
     glibc gives threads arenas of their own (up to eight per core), and memory freed into one
     stays mapped for that arena: the round's render thread, the gzip threads and the NVML
-    workers each kept their own, and the soak's RSS grew 45 -> 51 MiB before it levelled off
+    workers each kept their own, about 2 MiB more RSS after the soak's ten minutes
     (docs/performance.md, "Soak"). An operator's ``MALLOC_ARENA_MAX`` is left alone, and a C
     library without ``mallopt`` (musl has no arenas) is nothing to fix. Process-wide, before any
     thread starts: here in main(), never in run()."""
