@@ -172,3 +172,24 @@ async def test_an_idle_connection_is_closed_after_the_read_timeout(tmp_path: Pat
         assert (await read_response(reader)).status == 200
         closed = await asyncio.wait_for(reader.read(), 10)
         assert closed == b"", "a keep-alive connection with no next request is closed"
+
+
+async def test_the_read_timeout_counts_from_the_last_answer(tmp_path: Path) -> None:
+    """A client that keeps asking within the timeout keeps its connection past the first
+    timeout (the idle timer moves with each answer); once it stops asking, it is closed."""
+    timeout, gap = 1.0, 0.4
+    async with (
+        exporter_with(tmp_path, web_read_timeout=timeout) as exporter,
+        connection(exporter) as (reader, writer),
+    ):
+        started = asyncio.get_running_loop().time()
+        for _ in range(3):  # the third request comes 0.8 s in; the fourth 1.2 s in
+            writer.write(request())
+            assert (await read_response(reader)).status == 200
+            await asyncio.sleep(gap)  # the client's think time is what is under test
+        writer.write(request())
+        answer = await read_response(reader)
+        assert answer.status == 200, "a connection used within its timeout was closed"
+        assert asyncio.get_running_loop().time() - started > timeout, "the test asked too fast"
+        closed = await asyncio.wait_for(reader.read(), 10)
+        assert closed == b"", "the connection stayed open once its client stopped asking"

@@ -264,7 +264,12 @@ class ScrapeConnection(asyncio.Protocol):
         self._write_paused = False
         self._closed = False  # close() called: nothing more is read or written
         self._failed_write = False  # the connection broke while an answer was written
-        self._idle: asyncio.TimerHandle | None = None  # --web.read-timeout for the next head
+        # --web.read-timeout for the next head: when it runs out (None while a request is being
+        # answered), and the one timer that checks it (see _arm_idle).
+        self._idle_deadline: float | None = None
+        self._idle: asyncio.TimerHandle | None = None
+        self._last_head = b""  # a scraper sends the same head every time: parsed once
+        self._last_scrape: Scrape | None = None
         self._stalled: asyncio.TimerHandle | None = None  # --web.write-timeout for a response
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -298,7 +303,7 @@ class ScrapeConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._path.closed(self)
-        _cancel(self._idle)
+        self._stop_idle()
         _cancel(self._stalled)
         if self._waiting is not None:
             self._waiting.cancel()
@@ -325,13 +330,18 @@ class ScrapeConnection(asyncio.Protocol):
             end = self._buffer.find(END_OF_HEAD)
             if end < 0 and len(self._buffer) <= MAX_HEAD_BYTES and b"\n\n" not in self._buffer:
                 return  # the head is still arriving
-            scrape = parse_scrape(bytes(self._buffer[:end])) if 0 <= end <= MAX_HEAD_BYTES else None
+            scrape = self._parse(bytes(self._buffer[:end])) if 0 <= end <= MAX_HEAD_BYTES else None
             if scrape is None:
                 self._hand_over()
                 return
             del self._buffer[: end + len(END_OF_HEAD)]
-            _cancel(self._idle)
+            self._idle_deadline = None  # a head came in time; the answer re-arms the timeout
             self._answer(scrape)
+
+    def _parse(self, head: bytes) -> Scrape | None:
+        if head != self._last_head:
+            self._last_head, self._last_scrape = head, parse_scrape(head)
+        return self._last_scrape
 
     def _answer(self, scrape: Scrape) -> None:
         assert self._transport is not None
@@ -373,7 +383,7 @@ class ScrapeConnection(asyncio.Protocol):
         """aiohttp's protocol takes the transport, and the bytes read so far, for good."""
         transport = self._transport
         assert transport is not None
-        _cancel(self._idle)
+        self._stop_idle()
         self._path.closed(self)
         self._transport = None
         protocol = self._path.aiohttp_protocol()
@@ -384,8 +394,30 @@ class ScrapeConnection(asyncio.Protocol):
         self._buffer.clear()
 
     def _arm_idle(self) -> None:
+        """Give the client --web.read-timeout from now for its next head.
+
+        Called after every answer, so it only moves a deadline: the timer armed earlier stays,
+        and when it fires it waits out what is left (:meth:`_on_idle`). A new timer per request
+        (made, pushed on the loop's heap, cancelled) was an eighth of a keep-alive scrape's CPU."""
+        loop = asyncio.get_running_loop()
+        self._idle_deadline = loop.time() + self._path.read_timeout
+        if self._idle is None:
+            self._idle = loop.call_at(self._idle_deadline, self._on_idle)
+
+    def _on_idle(self) -> None:
+        self._idle = None
+        deadline = self._idle_deadline
+        if deadline is None:
+            return  # a request is being answered; its answer arms the timeout again
+        loop = asyncio.get_running_loop()
+        if loop.time() < deadline:
+            self._idle = loop.call_at(deadline, self._on_idle)
+        else:
+            self.close()
+
+    def _stop_idle(self) -> None:
         _cancel(self._idle)
-        self._idle = asyncio.get_running_loop().call_later(self._path.read_timeout, self.close)
+        self._idle = self._idle_deadline = None
 
     def _on_stalled(self) -> None:
         if self._transport is not None:
