@@ -61,9 +61,6 @@ class Allocations:
             held.setdefault(holding.device.uuid, set()).add(holding.pod_key)
         return held
 
-    def containers_of(self, uuid: str, pod: PodKey) -> set[str]:
-        return {h.container for h in self.holdings if h.device.uuid == uuid and h.pod_key == pod}
-
 
 def resolve_snapshot(
     snapshot: PodResourcesSnapshot,
