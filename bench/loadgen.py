@@ -1,10 +1,14 @@
 """Closed-loop HTTP/1.1 keep-alive load: N scrapers, each sending its next request as soon as the
 previous response has been read, for a bounded time. Two interchangeable generators:
 
-- ``wrk`` (C, one thread, ``-c N``; latency percentiles from its HdrHistogram via a Lua ``done``
+- ``wrk`` (C, one thread, ``-c N``; latency percentiles from its histogram via a Lua ``done``
   hook). Used when ``wrk`` is on PATH (``apt-get install wrk``): it costs the machine least.
+  wrk 4.1 corrects the histogram for coordinated omission before ``done`` sees it
+  (``stats_correct``: a latency of k request periods adds samples at k-1, k-2... periods), so
+  its p99 weighs each stall by how long it lasted, as a scraper on a timer would meet it.
 - ``python``: an asyncio client on raw sockets (no HTTP library), one connection per scraper,
-  per-request latencies timed with ``perf_counter_ns``; a fallback that costs more CPU.
+  per-request latencies timed with ``perf_counter_ns``, uncorrected; a fallback that costs more
+  CPU.
 """
 
 from __future__ import annotations
