@@ -20,7 +20,7 @@ from h2.config import H2Configuration
 from h2.connection import H2Connection
 from h2.events import StreamEnded
 
-from gpu_exporter.allocation.grpcwire import RpcError, StatusCode, call
+from gpu_exporter.allocation.grpcwire import Connection, RpcError, StatusCode, call
 from gpu_exporter.allocation.podresources import (
     GET,
     GET_ALLOCATABLE,
@@ -149,6 +149,19 @@ async def test_the_kept_connection_serves_fetch_after_fetch_and_outlives_a_grpci
     finally:
         await client.close()
         await server.stop(grace=None)
+
+
+async def test_a_kept_connection_remembers_few_closed_streams(own_server: Path) -> None:
+    """h2 keeps closed streams' ids (65,536 by default): on a connection kept for days, that
+    grew by megabytes on each side. Ours keep the last 64, client and server alike."""
+    connection = await Connection.open(own_server)
+    try:
+        for _ in range(200):
+            await connection.call(LIST, b"", deadline=5.0)
+        remembered = len(connection._conn._closed_streams)  # h2's own record, nothing of ours
+        assert 0 < remembered <= 64, f"the client remembers {remembered} closed streams"
+    finally:
+        await connection.close()
 
 
 @pytest.fixture
