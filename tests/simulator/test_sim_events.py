@@ -10,6 +10,7 @@ import pynvml
 import pytest
 
 from gpu_exporter.simulator import ScenarioError, SimulatedNode, install, loads_scenario, uninstall
+from gpu_exporter.simulator.kubelet import SimulatedKubelet
 
 from .sim_helpers import FakeClock, MakeNode
 
@@ -249,6 +250,46 @@ timeline:
     clock.advance(10)
     assert node.allocations == []
     assert pynvml.nvmlDeviceGetComputeRunningProcesses(handle) == []
+
+
+def test_the_kubelets_reads_wait_for_no_nvml_call_between_events(
+    make_node: MakeNode, clock: FakeClock, tmp_path: pathlib.Path
+) -> None:
+    """The simulated kubelet reads the node on the exporter's event loop. Between events those
+    reads take no lock (an NVML call on a worker holds it); an event shows at the next read."""
+    node = make_node(
+        NODE + "timeline:\n  - {at: 10s, type: allocate, gpu: 1, pod: batch-1, namespace: jobs}\n"
+    )
+    kubelet = SimulatedKubelet(node, files_root=tmp_path)
+    before = kubelet.state()
+    held, release = threading.Event(), threading.Event()
+
+    def hold_the_lock() -> None:  # as a hung NVML call would
+        with node.lock:
+            held.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=hold_the_lock)
+    holder.start()
+    read: list[object] = []
+    try:
+        assert held.wait(5)
+        reader = threading.Thread(target=lambda: read.extend((node.allocations, kubelet.state())))
+        reader.start()
+        reader.join(5)
+        assert not reader.is_alive(), "a read between events waited for the node's lock"
+    finally:
+        release.set()
+        holder.join()
+    assert read == [[], before], "a read between events did not answer what was last listed"
+
+    clock.advance(10)
+    (allocation,) = node.allocations
+    after = kubelet.state()
+    assert after is not before, "the kubelet kept its listing across an allocate event"
+    assert [(c.pod, c.device_ids) for c in after.containers] == [
+        ("batch-1", (allocation.device_id,))
+    ]
 
 
 def test_recovery_action_and_remap_failure(make_node: MakeNode) -> None:

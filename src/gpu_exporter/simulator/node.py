@@ -140,15 +140,17 @@ class SimulatedNode(DcgmHost, LinkEvents):
         self.init_count = 0
         self.closed = threading.Event()
         self._allocations = list(scenario.allocations)
+        self.events_applied = 0  # timeline events applied so far: what readers' caches key on
+        self._views: tuple[int, list[Allocation]] = (-1, [])  # (events_applied, allocations)
         self.pid_offset = pid_offset
         self._pids = itertools.count(FIRST_PID)
         self._mps_pids: dict[int, int] = {}  # id() of a device -> its MPS server's pid
-        self._timeline = Timeline(on_sooner=self._wake_waiters)
+        self.timeline = Timeline(on_sooner=self._wake_waiters)
         self._index_handles()
         for spec in scenario.workloads:
             self._start_workload(spec, 0.0)
         for event in scenario.timeline:
-            self._timeline.schedule(event, event.at or 0.0)
+            self.timeline.schedule(event, event.at or 0.0)
         self._clock = clock
         self._t0 = clock() if epoch is None else epoch
         self.wall_origin = time.time() if wall_origin is None else wall_origin
@@ -171,23 +173,23 @@ class SimulatedNode(DcgmHost, LinkEvents):
         values can skip it and the next integrating call catches up exactly. With ``gpu``, only
         that GPU is brought up to now (a read of one device need not integrate all of them).
         """
-        t, due = self.now(), self._timeline.next_at()
+        t, due = self.now(), self.timeline.next_at()
         if not integrate and (due is None or due > t):
             return t  # every call starts here: nothing due, nothing to integrate, no lock taken
         with self.lock:
             t = self.now()
-            for at, event in self._timeline.pop_due(t):
+            for at, event in self.timeline.pop_due(t):
                 self._integrate_to(at)  # events change state: everything catches up first
                 self._apply(event, at)
                 if event.repeat:
-                    self._timeline.schedule(event, at + event.repeat)
+                    self.timeline.schedule(event, at + event.repeat)
             if integrate:
                 self._integrate_to(t, gpu, step=READ_INTEGRATION_STEP_S)
             return t
 
     def seconds_until_due(self) -> float:
         """Until the timeline's next event (inf when none); a waiter sleeps at most this long."""
-        due = self._timeline.next_at()
+        due = self.timeline.next_at()
         return math.inf if due is None else max(0.0, due - self.now())
 
     def integrated_at(self, gpu: GpuDevice) -> float:
@@ -244,10 +246,16 @@ class SimulatedNode(DcgmHost, LinkEvents):
     @property
     def allocations(self) -> list[Allocation]:
         """Current allocations with the device ids a kubelet would list (events applied; the
-        activity counters are not integrated: the kubelet's readers need none of them)."""
-        with self.lock:
-            self.advance(integrate=False)
-            return [self._allocation_view(a) for a in self._allocations]
+        activity counters are not integrated). Kept from one event to the next, so that a read
+        takes the node's lock only after one: the simulated kubelet reads them on the event
+        loop, where waiting for the lock meant waiting for an NVML call (up to 7 ms)."""
+        self.advance(integrate=False)
+        applied, views = self._views
+        if applied != self.events_applied:
+            with self.lock:  # events are applied under it: these views match one count
+                views = [self._allocation_view(a) for a in self._allocations]
+                self._views = (self.events_applied, views)
+        return list(views)
 
     def _allocation_view(self, spec: AllocationSpec) -> Allocation:
         gpu = self.gpus[spec.gpu]
@@ -294,6 +302,7 @@ class SimulatedNode(DcgmHost, LinkEvents):
         handler: Callable[[Mapping[str, Any], float], None] = getattr(self, f"_on_{event.type}")
         handler(event.params, t)
         self.applied.append({"t": round(t, 6), **event.raw})
+        self.events_applied += 1
 
     def _targets(self, params: Mapping[str, Any]) -> Iterable[GpuDevice]:
         return (self.gpus[i] for i in params["gpus"])
@@ -364,7 +373,7 @@ class SimulatedNode(DcgmHost, LinkEvents):
                 "reason": p["reason"],
                 "state": "off",
             }
-            self._timeline.schedule(EventSpec("throttle", off, raw), t + p["duration"])
+            self.timeline.schedule(EventSpec("throttle", off, raw), t + p["duration"])
 
     def _on_ecc(self, p: Mapping[str, Any], t: float) -> None:
         for gpu in self._targets(p):
@@ -487,14 +496,3 @@ class SimulatedNode(DcgmHost, LinkEvents):
                 mig = each if isinstance(each, MigDevice) else None
                 servers.append((self._mps_pids[id(each)], MPS_SERVER_BYTES, mig))
         return servers
-
-    # ------------------------------------------------------------------ summary
-
-    def summary(self) -> dict[str, Any]:
-        """The current state, JSON-ready (for ``GET /-/simulator/scenario``)."""
-        from gpu_exporter.simulator.summary import node_summary
-
-        with self.lock:
-            t = self.advance()
-            upcoming = self._timeline.upcoming(20)
-            return node_summary(self, t, [(at, e.raw) for at, e in upcoming])

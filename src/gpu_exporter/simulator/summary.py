@@ -11,6 +11,14 @@ if TYPE_CHECKING:
     from gpu_exporter.simulator.node import SimulatedNode
 
 
+def summary(node: SimulatedNode) -> dict[str, Any]:
+    """The node's current state, JSON-ready (events due applied, counters integrated)."""
+    with node.lock:
+        t = node.advance()
+        upcoming = [(at, e.raw) for at, e in node.timeline.upcoming(20)]
+        return node_summary(node, t, upcoming)
+
+
 def node_summary(
     node: SimulatedNode, t: float, upcoming: Sequence[tuple[float, Mapping[str, Any]]]
 ) -> dict[str, Any]:
