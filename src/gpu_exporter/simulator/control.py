@@ -22,7 +22,7 @@ from aiohttp import web
 from gpu_exporter.http.bodies import BadBody, parse_json, read_text
 from gpu_exporter.simulator.errors import ScenarioError
 from gpu_exporter.simulator.loader import load_yaml
-from gpu_exporter.simulator.summary import summary as node_summary
+from gpu_exporter.simulator.summary import current_summary
 
 if TYPE_CHECKING:
     from gpu_exporter.simulator.node import SimulatedNode
@@ -55,7 +55,7 @@ def make_routes(node: SimulatedNode, *, remote: bool = False) -> list[web.RouteD
         return web.json_response({"applied": applied}, dumps=_dumps)
 
     async def get_scenario(request: web.Request) -> web.Response:
-        summary = await asyncio.to_thread(node_summary, node)
+        summary = await asyncio.to_thread(current_summary, node)
         return web.json_response(summary, dumps=_dumps)
 
     return [web.post(EVENTS_PATH, post_events), web.get(SCENARIO_PATH, get_scenario)]

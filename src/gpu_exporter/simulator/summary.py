@@ -11,7 +11,7 @@ if TYPE_CHECKING:
     from gpu_exporter.simulator.node import SimulatedNode
 
 
-def summary(node: SimulatedNode) -> dict[str, Any]:
+def current_summary(node: SimulatedNode) -> dict[str, Any]:
     """The node's current state, JSON-ready (events due applied, counters integrated)."""
     with node.lock:
         t = node.advance()
