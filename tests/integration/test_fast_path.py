@@ -152,7 +152,12 @@ async def test_pipelined_scrapes_are_answered_in_order(tmp_path: Path) -> None:
     assert "content-encoding" not in answers[0].headers
     assert answers[1].headers["content-encoding"] == "gzip"
     assert answers[2].body.startswith(b"ok\n"), "the third request went to aiohttp, in its turn"
-    assert answers[3].body == answers[0].body
+    # A round (every 0.2 s here) may land between the first answer and the fourth: their values
+    # may differ, their kind may not.
+    assert answers[3].headers["content-type"] == answers[0].headers["content-type"]
+    assert "content-encoding" not in answers[3].headers
+    first_line = answers[0].body.split(b"\n", 1)[0]
+    assert answers[3].body.split(b"\n", 1)[0] == first_line, "the fourth answer is no exposition"
 
 
 async def test_connection_close_is_honoured(tmp_path: Path) -> None:
