@@ -75,14 +75,21 @@ async def test_reads_between_rounds_share_one_render_and_a_round_renders_anew() 
         assert sim.sampler.exposition is not second, "news from an event source was not rendered"
 
 
+async def during_a_round_after_a_read(sim: SimulatedSampler, recorded: list[str]) -> list[str]:
+    """What ``recorded`` gathered during a fast round that followed a scraper's read; it is
+    left empty, to gather what comes after."""
+    await fast_round(sim)
+    sim.sampler.exposition  # noqa: B018  (a scraper read this round)
+    recorded.clear()
+    await fast_round(sim)
+    during = list(recorded)
+    recorded.clear()
+    return during
+
+
 async def test_while_scraped_the_jobs_format_on_the_workers(formatting: list[str]) -> None:
     async with simulated_sampler(SCENARIO) as sim:
-        await fast_round(sim)
-        sim.sampler.exposition  # noqa: B018  (a scraper read this round)
-        formatting.clear()
-        await fast_round(sim)
-        formatted_by_jobs = set(formatting)
-        formatting.clear()
+        formatted_by_jobs = set(await during_a_round_after_a_read(sim, formatting))
         sim.sampler.exposition  # noqa: B018
         on_loop = len(formatting)
     loop = threading.current_thread().name
@@ -95,12 +102,7 @@ async def test_while_scraped_a_round_is_rendered_on_a_thread_before_the_next_rea
     renders: list[str],
 ) -> None:
     async with simulated_sampler(SCENARIO) as sim:
-        await fast_round(sim)
-        sim.sampler.exposition  # noqa: B018  (a scraper read this round)
-        renders.clear()
-        await fast_round(sim)
-        rendered_by_round = list(renders)
-        renders.clear()
+        rendered_by_round = await during_a_round_after_a_read(sim, renders)
         text = sim.sampler.exposition.text.decode()
     loop = threading.current_thread().name
     assert len(rendered_by_round) == 1, f"the round rendered {len(rendered_by_round)} times"
