@@ -22,6 +22,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 WRK_SCRIPT = """
 wrk.method = "GET"
@@ -185,3 +186,16 @@ def summarize_ns(
         body_bytes=sum(sizes) / max(1, len(sizes)),
         generator=generator,
     )
+
+
+def median_cell(cells: list[LoadResult]) -> dict[str, Any]:
+    """The cell with the median p99 of repeated cells (the upper one of an even count), whole, so
+    that its p50, p99 and rate come from one measurement; every cell's p99 is kept beside it, in
+    the order measured, under ``p99_ms_cells``."""
+    if not cells:
+        raise ValueError("median_cell needs at least one cell")
+    ranked = sorted(cells, key=lambda cell: cell.p99_ms)
+    kept: dict[str, Any] = ranked[len(ranked) // 2].as_dict()
+    if len(cells) > 1:
+        kept["p99_ms_cells"] = [round(cell.p99_ms, 4) for cell in cells]
+    return kept
