@@ -35,7 +35,6 @@ from .liveness import GpuState, Liveness
 from .outcomes import Outcomes
 from .rendering import IdentityCache, all_blocks, family_order
 from .selfmetrics import SelfMetrics
-from .slices import LoopSlices, gather_in_slices
 from .sources import DeviceListener, RoundListener, SampleSource
 
 _log = get_logger("sampler")
@@ -233,11 +232,10 @@ class Sampler:
         except Exception:  # a bug in one round must not stop sampling forever
             _log.exception("sampling round failed", cadence=cadence.value)
         self._round_counts[cadence] += 1
-        slices = LoopSlices()  # what follows holds the loop: let scrapes in between
         if cadence is Cadence.FAST:
             self._last_round_end = self._clock()
-            await self._round_done(slices)
-        await self._publish_round(slices)
+            self._round_done()
+        await self._publish_round()
 
     async def _round(self, cadence: Cadence, interval: float) -> None:
         """Submit this cadence's work, wait a bounded time, then settle what finished or hung."""
@@ -417,13 +415,12 @@ class Sampler:
             except Exception:  # a listener's bug must not stop sampling or fail a collector
                 _log.exception("device listener failed", listener=type(listener).__name__)
 
-    async def _round_done(self, slices: LoopSlices) -> None:
+    def _round_done(self) -> None:
         for listener in self._round_listeners:
             try:
                 listener.round_done()
             except Exception:  # a listener's bug must not stop sampling
                 _log.exception("round listener failed", listener=type(listener).__name__)
-            await slices.pause_if_due()
 
     def _discovery(self, index: int) -> Callable[[], Gpu]:
         return partial(discover_gpu, index, self._support, self._errors, self.ledger.dcgm)
@@ -436,7 +433,7 @@ class Sampler:
         self._news_count += 1
         self._news.set()
 
-    async def _publish_round(self, slices: LoopSlices) -> None:
+    async def _publish_round(self) -> None:
         """A round settled. While scrapers read every round, render it now, formatting and
         joining on a thread, so that the next scrape finds it ready instead of stalling the loop
         for it (4.6 ms on ``mig56``; docs/performance.md): scrapes meanwhile get the previous
@@ -445,11 +442,9 @@ class Sampler:
         ahead, self._read_since_news = self._read_since_news and self._ahead is None, False
         if ahead:
             news = self._ahead = self._news_count
+            blocks = list(self._collect_blocks())  # the parts' state is read here, on the loop
+            gzipped = self._exposition.gzipped_formats()  # what the scrapers asked for
             try:
-                # The parts' state is read here, on the loop, in slices; reads meanwhile get
-                # the previous exposition (self._ahead), or render newer news themselves.
-                blocks = await gather_in_slices(self._collect_blocks(), slices)
-                gzipped = self._exposition.gzipped_formats()  # what the scrapers asked for
                 exposition = await asyncio.to_thread(self._render, blocks, gzipped)
             except Exception:  # a bug: the next read renders on the loop and shows it
                 _log.exception("rendering the round failed")

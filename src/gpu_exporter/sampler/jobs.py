@@ -15,7 +15,6 @@ from ..collectors import Collector, CollectorContext, SampleWriter
 from ..devices import Gpu
 from ..exposition import EMPTY_BLOCK, Block
 from ..nvml import DeviceCalls, ErrorCounter, PoolExhausted, SupportRegistry, WorkerPool
-from .slices import LoopSlices
 
 
 @dataclass
@@ -140,8 +139,7 @@ def run_job(job: Job, *, format_now: bool = False) -> JobOutcome:
 
 
 async def settle(work: dict[concurrent.futures.Future[Any], Pending], wait_s: float) -> None:
-    """Wait at most ``wait_s`` for all ``work``, then tell each piece it finished or is late,
-    letting scrapes in between pieces once a slice of the loop is used up (:class:`LoopSlices`).
+    """Wait at most ``wait_s`` for all ``work``, then tell each piece it finished or is late.
 
     The event loop wakes once, when the last piece finishes, not once per job: a per-job asyncio
     future costs a self-pipe write, a loop iteration and a GIL hand-off.
@@ -166,13 +164,11 @@ async def settle(work: dict[concurrent.futures.Future[Any], Pending], wait_s: fl
     # asyncio.wait, not wait_for: Python 3.11's wait_for swallows a cancellation (Sampler.stop)
     # that arrives as all_done resolves, and the round loop then never ends.
     await asyncio.wait((all_done,), timeout=wait_s)
-    slices = LoopSlices()
     for future, pending in work.items():
         if future.done():
             pending.finished(future)
         else:
             pending.late()
-        await slices.pause_if_due()
 
 
 def _resolve(future: asyncio.Future[None]) -> None:
