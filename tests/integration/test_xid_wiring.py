@@ -104,15 +104,17 @@ async def test_a_row_remap_failure_seen_by_the_sampler_recommends_a_drain(tmp_pa
     async with exporter_on(tmp_path) as exporter:
         assert exporter.simulation is not None
         exporter.simulation.inject({"type": "row_remap_failure", "gpu": 0})
-        series = await until(
+        # The remap collector tells the drain source from its worker as it reads the failure;
+        # its own gauge is published when the round settles, which may be a render later.
+        await until(
             exporter,
-            "drain for the remap failure",
+            "drain for the remap failure, and the failed-remap gauge",
             lambda s: (
-                select(s, "gpu_drain_recommended", gpu="0", reason="row_remap_failure")
+                bool(select(s, "gpu_drain_recommended", gpu="0", reason="row_remap_failure"))
                 and one(s, "gpu_drain_recommended", gpu="0", reason="row_remap_failure") == 1
+                and one(s, "gpu_row_remap_failed", gpu="0") == 1
             ),
         )
-        assert one(series, "gpu_row_remap_failed", gpu="0") == 1
 
 
 async def test_a_lost_gpu_recommends_a_drain(tmp_path: Path) -> None:

@@ -36,6 +36,7 @@ from .outcomes import Outcomes
 from .rendering import IdentityCache, all_blocks, family_order
 from .selfmetrics import SelfMetrics
 from .sources import DeviceListener, RoundListener, SampleSource
+from .turns import Turns
 
 _log = get_logger("sampler")
 
@@ -83,6 +84,7 @@ class Sampler:
         self._shown = 0  # the news the exposition reflects
         self._ahead: int | None = None  # the news being rendered on a thread, if any
         self._read = False  # the exposition was read since the last round was submitted
+        self._turns = Turns()  # how the jobs of a round that scrapers read share the GIL
         self._read_since_news = False
         self._family_order = family_order(self._collector_types, self._sources)
         self._news = asyncio.Event()
@@ -244,8 +246,9 @@ class Sampler:
             self._submit_probes(work)
         if cadence is Cadence.SLOW or self.ledger.dcgm.take_change():
             self._submit_inventory(work)
-        self._submit_jobs(cadence, work)
-        await settle(work, min(self._config.nvml_timeout, interval))
+        deadline = min(self._config.nvml_timeout, interval)
+        self._submit_jobs(cadence, work, deadline)
+        await settle(work, deadline)
 
     def _submit(
         self,
@@ -262,12 +265,16 @@ class Sampler:
         return future
 
     def _submit_jobs(
-        self, cadence: Cadence, work: dict[concurrent.futures.Future[Any], Pending]
+        self, cadence: Cadence, work: dict[concurrent.futures.Future[Any], Pending], deadline: float
     ) -> None:
         """One batch per GPU (its MIG instances' jobs included) for this cadence; a job stuck in
         an earlier call is left out. While the exposition is being read (it was since the last
-        round) the jobs format their lines on the workers, as the next read will want them."""
+        round) the jobs format their lines on the workers, as the next read will want them, and
+        take turns, resting at most a tenth of the round's deadline in all (turns.py)."""
         format_now, self._read = self._read, False
+        turns = self._turns if format_now else None
+        if turns is not None:
+            turns.begin_round(rest_budget=deadline / 10)
         for state in self._gpus:
             if not state.up:
                 continue
@@ -280,7 +287,7 @@ class Sampler:
                 else:
                     ready.append(job)
             if ready:
-                self._submit_batch(state, Batch(ready, format_now=format_now), work)
+                self._submit_batch(state, Batch(ready, format_now=format_now, turns=turns), work)
 
     def _submit_batch(
         self, state: GpuState, batch: Batch, work: dict[concurrent.futures.Future[Any], Pending]

@@ -15,6 +15,7 @@ from ..collectors import Collector, CollectorContext, SampleWriter
 from ..devices import Gpu
 from ..exposition import EMPTY_BLOCK, Block
 from ..nvml import DeviceCalls, ErrorCounter, PoolExhausted, SupportRegistry, WorkerPool
+from .turns import Turns
 
 
 @dataclass
@@ -63,14 +64,18 @@ class Batch:
     hung call still holds up only its own collector: the sampler gives up on the batch at the
     round's deadline (the job running then is the hung one; those after it did not run this
     round), and the next round leaves the hung job out of the device's new batch. An abandoned
-    batch whose call returns runs nothing more.
+    batch whose call returns runs nothing more. With ``turns`` (a round scrapers read), each job
+    waits for its turn among every batch's jobs (turns.py).
     """
 
-    __slots__ = ("abandoned", "format_now", "future", "jobs")
+    __slots__ = ("abandoned", "format_now", "future", "jobs", "turns")
 
-    def __init__(self, jobs: Sequence[Job], *, format_now: bool = False) -> None:
+    def __init__(
+        self, jobs: Sequence[Job], *, format_now: bool = False, turns: Turns | None = None
+    ) -> None:
         self.jobs = tuple(jobs)
         self.format_now = format_now  # format the samples here, off the loop (see run_job)
+        self.turns = turns
         self.abandoned = False
         self.future: concurrent.futures.Future[None] | None = None
         for job in self.jobs:
@@ -81,13 +86,20 @@ class Batch:
         for job in self.jobs:
             if self.abandoned:
                 return
-            job.running = True
-            try:
-                job.outcome = run_job(job, format_now=self.format_now)
-            except BaseException as exc:  # delivered to the sampler on the loop, not lost
-                job.outcome = exc
-            finally:
-                job.running = False
+            if self.turns is None:
+                self._run_one(job)
+            else:
+                with self.turns.turn():
+                    self._run_one(job)
+
+    def _run_one(self, job: Job) -> None:
+        job.running = True
+        try:
+            job.outcome = run_job(job, format_now=self.format_now)
+        except BaseException as exc:  # delivered to the sampler on the loop, not lost
+            job.outcome = exc
+        finally:
+            job.running = False
 
 
 def make_jobs(
