@@ -1,17 +1,17 @@
-"""Turns: while scrapers read every round, the round's jobs run one at a time and rest after
-each, in proportion to the CPU they used, so that the event loop answering the scrapers keeps
-most of the interpreter (sampler/turns.py). A slow or hung job holds no one back for long, the
-rest a round takes is bounded, and rounds nobody reads run as before."""
+"""Turns: while scrapers read every round, one worker at a time runs the round's jobs and rests
+after each slice of CPU, as long as the slice took, so that the event loop answering the
+scrapers keeps most of the interpreter (sampler/turns.py). A slow or hung job holds no one back
+for long, the rest a round takes is bounded, and rounds nobody reads run as before."""
 
 from __future__ import annotations
 
 import threading
-from contextlib import AbstractContextManager
+from typing import Any
 
 import pytest
 
 from gpu_exporter.sampler import jobs
-from gpu_exporter.sampler.turns import Turns
+from gpu_exporter.sampler.turns import Turn, Turns
 from tests.core.test_rendering import SCENARIO, fast_round
 from tests.helpers import simulated_sampler
 
@@ -36,9 +36,10 @@ class Clocks:
 
 
 def hold_turn(turns: Turns, entered: threading.Event, release: threading.Event) -> None:
-    with turns.turn():
-        entered.set()
-        release.wait(WAIT_S)
+    turn = turns.next(None)
+    entered.set()
+    release.wait(WAIT_S)
+    turns.end(turn)
 
 
 def start_holding(turns: Turns) -> tuple[threading.Thread, threading.Event, threading.Event]:
@@ -81,17 +82,25 @@ def test_a_job_that_overruns_its_turn_holds_no_one_back_and_hands_on_nothing() -
         thread.join(WAIT_S)
 
 
-def test_the_rest_after_a_job_matches_its_cpu_and_the_round_budget_bounds_it() -> None:
+def test_a_turn_runs_jobs_until_a_slice_of_cpu_then_rests_as_long_within_the_budget() -> None:
     clocks = Clocks()
-    turns = clocks.turns(share=0.5)
-    turns.begin_round(rest_budget=0.003)
-    for _ in range(3):
-        with turns.turn():
-            clocks.cpu += 0.002
-    assert clocks.slept == pytest.approx([0.002, 0.001]), "rest not as long as the job's CPU"
+    turns = clocks.turns(share=0.5, slice_s=0.0005)
+    turns.begin_round(rest_budget=0.0015)
+    turn = turns.next(None)
+    clocks.cpu += 0.0003
+    assert turns.next(turn) is turn, "a turn ended before its slice of CPU was used"
+    clocks.cpu += 0.0003  # 0.6 ms: past the slice
+    turn = turns.next(turn)
+    assert clocks.slept == pytest.approx([0.0006]), "the rest was not as long as the slice"
+    clocks.cpu += 0.002
+    turns.end(turn)
+    assert clocks.slept[-1] == pytest.approx(0.0009), "the rest went past the round's budget"
+    turns.end(turns.next(None))  # budget spent: no more rest this round
+    assert len(clocks.slept) == 2, "a round rested past its budget"
     turns.begin_round(rest_budget=0.01)
-    with turns.turn():
-        clocks.cpu += 0.001
+    turn = turns.next(None)
+    clocks.cpu += 0.001
+    turns.end(turn)
     assert clocks.slept[-1] == pytest.approx(0.001), "a new round's budget was not granted"
 
 
@@ -106,12 +115,12 @@ def turn_taking(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     """How many jobs took a turn, and the most jobs that ran at once."""
     seen = {"turns": 0, "running": 0, "most_at_once": 0}
     lock = threading.Lock()
-    original_turn, original_run_job = Turns.turn, jobs.run_job
+    original_take, original_run_job = Turns._take, jobs.run_job
 
-    def turn(self: Turns) -> AbstractContextManager[None]:
+    def take(self: Turns) -> Turn:
         with lock:
             seen["turns"] += 1
-        return original_turn(self)
+        return original_take(self)
 
     def run_job(job: jobs.Job, *, format_now: bool = False) -> jobs.JobOutcome:
         with lock:
@@ -123,7 +132,13 @@ def turn_taking(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
             with lock:
                 seen["running"] -= 1
 
-    monkeypatch.setattr(Turns, "turn", turn)
+    original_init = Turns.__init__
+
+    def patient(self: Turns, **options: Any) -> None:  # no overrun on a slow test machine
+        original_init(self, **{**options, "max_turn": 60.0})
+
+    monkeypatch.setattr(Turns, "__init__", patient)
+    monkeypatch.setattr(Turns, "_take", take)
     monkeypatch.setattr(jobs, "run_job", run_job)
     return seen
 
@@ -137,6 +152,6 @@ async def test_only_rounds_that_scrapers_read_take_turns(turn_taking: dict[str, 
         sim.sampler.exposition  # noqa: B018  (a scraper reads)
         await fast_round(sim)
         series = sim.series()
-    assert turn_taking["turns"] > 2, "the jobs of a round after a read did not take turns"
+    assert turn_taking["turns"] >= 2, "the batches of a round after a read did not take turns"
     assert turn_taking["most_at_once"] == 1, "jobs of a round after a read ran at once"
     assert any(name == "gpu_power_watts" for name, _ in series), "the paced round lost samples"

@@ -83,14 +83,17 @@ class Batch:
             job.calls.failures = []
 
     def run(self) -> None:
-        for job in self.jobs:
-            if self.abandoned:
-                return
-            if self.turns is None:
+        turns, turn = self.turns, None
+        try:
+            for job in self.jobs:
+                if self.abandoned:
+                    return
+                if turns is not None:
+                    turn = turns.next(turn)
                 self._run_one(job)
-            else:
-                with self.turns.turn():
-                    self._run_one(job)
+        finally:
+            if turns is not None and turn is not None:
+                turns.end(turn)
 
     def _run_one(self, job: Job) -> None:
         job.running = True
