@@ -64,8 +64,8 @@ class Batch:
     hung call still holds up only its own collector: the sampler gives up on the batch at the
     round's deadline (the job running then is the hung one; those after it did not run this
     round), and the next round leaves the hung job out of the device's new batch. An abandoned
-    batch whose call returns runs nothing more. With ``turns`` (a round scrapers read), each job
-    waits for its turn among every batch's jobs (turns.py).
+    batch whose call returns runs nothing more. With ``turns`` (a round scrapers read), the batch
+    runs its jobs only in its worker's turns, one worker at a time (turns.py).
     """
 
     __slots__ = ("abandoned", "format_now", "future", "jobs", "turns")
