@@ -93,7 +93,10 @@ async def test_fake_nvml_events(monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
         # A GPU coming back after a reset: the event set is rebuilt and registered again.
         xid.device_recovered(gpus[1].id)
         await wait_until(lambda: fake.sets == 2 and len(fake.registered) == 4)
-        assert value(xid, "gpu_drain_recommended", gpu="1", reason="hardware_xid") == 0
+        # The reset clears the latch on the control thread; the published value follows it.
+        await wait_until(
+            lambda: value(xid, "gpu_drain_recommended", gpu="1", reason="hardware_xid") == 0
+        )
     finally:
         started = time.monotonic()
         await xid.stop()
