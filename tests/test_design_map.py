@@ -85,3 +85,53 @@ def test_every_module_is_in_the_map() -> None:
             continue
         missing.append(relative)
     assert not missing, f"modules docs/design.md's package map does not list: {missing}"
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Every ``gpu_exporter`` module ``path`` imports, wherever the import stands: a type-only
+    (``TYPE_CHECKING``) or a function-level import ties two modules together as much as any."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                module = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                module = node.module or ""
+            found.add(module)
+            found.update(f"{module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def test_no_module_imports_itself_back() -> None:
+    """No import cycle anywhere in the package, the simulator included."""
+    names = {module_name(path): path for path in MODULES}
+    edges = {
+        name: {m for m in imported_modules(path) if m in names and m != name}
+        for name, path in names.items()
+    }
+    for name in edges:  # a package's __init__ re-exports its modules: not a tie back to them
+        edges[name] -= {m for m in edges[name] if name.startswith(f"{m}.")}
+    cycles = []
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(module: str) -> None:
+        state[module] = 1
+        path.append(module)
+        for target in sorted(edges[module]):
+            if state.get(target) == 1:
+                cycles.append(" -> ".join([*path[path.index(target) :], target]))
+            elif target not in state:
+                visit(target)
+        path.pop()
+        state[module] = 2
+
+    for module in sorted(edges):
+        if module not in state:
+            visit(module)
+    assert not cycles, "import cycles: " + "; ".join(cycles)

@@ -1,7 +1,7 @@
 """``gpu-exporter-simulate [SCENARIO.yaml] -- COMMAND [ARGS...]``: any Python program on the
 simulated node.
 
-The command checks the scenario, puts the start-up hook (``simulator/startup/sitecustomize.py``)
+The command checks the scenario, puts the start-up hook (``simulate_startup/sitecustomize.py``)
 first on ``PYTHONPATH`` and *execs* COMMAND: the program replaces this process, so signals reach it
 directly and its exit status is the command's. Every Python interpreter started under it (the
 program and its Python children) sees the simulated GPUs under its own ``pynvml``.
@@ -54,7 +54,7 @@ def parse(argv: Sequence[str]) -> tuple[str | None, list[str]]:
 
 def environment(scenario: str | None, base: dict[str, str]) -> dict[str, str]:
     """The command's environment: the start-up hook first on PYTHONPATH, and the node's keys."""
-    startup = str(resources.files("gpu_exporter.simulator").joinpath("startup"))
+    startup = str(resources.files("gpu_exporter").joinpath("simulate_startup"))
     env = dict(base)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (startup, base.get("PYTHONPATH")) if p)
     env[SCENARIO_ENV] = str(Path(scenario).resolve()) if scenario else ""

@@ -1,6 +1,6 @@
 """The simulated node under any Python program's ``pynvml`` (``gpu-exporter-simulate``).
 
-``gpu-exporter-simulate`` puts ``simulator/startup/sitecustomize.py`` on ``PYTHONPATH``; the
+``gpu-exporter-simulate`` puts ``simulate_startup/sitecustomize.py`` on ``PYTHONPATH``; the
 interpreter runs it at start-up and it calls :func:`activate`. That only registers an import hook
 (this module imports only the standard library): nothing is built unless the program imports
 ``pynvml``. When it does, pynvml's library loader is replaced so that the first ``nvmlInit``

@@ -18,10 +18,10 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
+from ..bodies import BadBody, parse_json, read_text
 from ..logs import get_logger
 from ..safeyaml import quote
 from ..xid.state import REASONS
-from .bodies import BadBody, parse_json, read_text
 from .webguard import basic_auth_user
 
 DRAIN_CLEAR_PATH = "/-/drain/clear"

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from gpu_exporter.http.bodies import BadBody, parse_json, read_text
+from gpu_exporter.bodies import BadBody, parse_json, read_text
 from gpu_exporter.simulator.errors import ScenarioError
 from gpu_exporter.simulator.loader import load_yaml
 from gpu_exporter.simulator.summary import current_summary

@@ -30,9 +30,9 @@ import yaml
 from gpu_exporter.dcgm import structs as s
 from gpu_exporter.simulator.errors import NvmlFailure
 
-if TYPE_CHECKING:  # the node's modules import this one (the engine is part of every node)
+if TYPE_CHECKING:
     from gpu_exporter.simulator.devices import GpuDevice, MigDevice
-    from gpu_exporter.simulator.node import SimulatedNode
+    from gpu_exporter.simulator.nodeview import NodeView
 
 # Profiling field -> the simulated activity it reports; FP pipes are not modelled (read 0).
 PROF_METRICS: Mapping[int, str | None] = {
@@ -105,7 +105,7 @@ class Connection:
 class DcgmEngine:
     """The engine's state; the fake library's functions call into it under the node lock."""
 
-    def __init__(self, node: SimulatedNode) -> None:
+    def __init__(self, node: NodeView) -> None:
         self.node = node
         self.metric_groups = load_metric_groups()
         self.epoch = node.wall_origin  # the engine's wall clock at simulated t=0

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from gpu_exporter.simulator.dcgm_engine import DcgmEngine
     from gpu_exporter.simulator.dcgm_library import FakeDcgmLibrary
     from gpu_exporter.simulator.devices import GpuDevice
-    from gpu_exporter.simulator.node import SimulatedNode
+    from gpu_exporter.simulator.nodeview import NodeView
 
 
 class DcgmHost:
@@ -39,7 +39,7 @@ class DcgmHost:
                 from gpu_exporter.simulator.dcgm_engine import DcgmEngine
                 from gpu_exporter.simulator.dcgm_library import FakeDcgmLibrary
 
-                node = cast("SimulatedNode", self)
+                node = cast("NodeView", self)  # the node it is mixed into
                 engine = DcgmEngine(node)
                 self._dcgm_parts = engine, FakeDcgmLibrary(node, engine)
             return self._dcgm_parts

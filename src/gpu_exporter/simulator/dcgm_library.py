@@ -19,7 +19,7 @@ from gpu_exporter.simulator.dcgm_engine import DcgmEngine, DcgmFailure, FieldGro
 from gpu_exporter.simulator.errors import NvmlFailure
 
 if TYPE_CHECKING:
-    from gpu_exporter.simulator.node import SimulatedNode
+    from gpu_exporter.simulator.nodeview import NodeView
 
 log = logging.getLogger(__name__)
 _NO_INIT = frozenset({"dcgmInit", "errorString"})
@@ -254,7 +254,7 @@ ERROR_TEXT = {int(code): code.name.replace("_", " ").capitalize() for code in s.
 class FakeDcgmLibrary:
     """Stands in for ``ctypes.CDLL("libdcgm.so.4")``; missing symbols raise AttributeError."""
 
-    def __init__(self, node: SimulatedNode, engine: DcgmEngine) -> None:
+    def __init__(self, node: NodeView, engine: DcgmEngine) -> None:
         functions = DcgmFunctions(engine)
         for name in DCGM_FUNCTIONS:
             setattr(self, name, _entry_point(node, engine, name, getattr(functions, name)))
@@ -267,7 +267,7 @@ class FakeDcgmLibrary:
 
 
 def _entry_point(
-    node: SimulatedNode, engine: DcgmEngine, name: str, method: Callable[..., int]
+    node: NodeView, engine: DcgmEngine, name: str, method: Callable[..., int]
 ) -> Callable[..., int]:
     def entry(*args: Any) -> int:
         if name not in _NO_INIT and engine.initialized == 0:

@@ -27,7 +27,7 @@ from gpu_exporter.simulator.nvml_processes import ProcessFunctions
 from gpu_exporter.simulator.nvml_telemetry import TelemetryFunctions
 
 if TYPE_CHECKING:
-    from gpu_exporter.simulator.node import SimulatedNode
+    from gpu_exporter.simulator.nodeview import NodeView
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ def nvml_error_string(result: Any) -> bytes:
 class FakeNvmlLibrary:
     """Stands in for ``CDLL("libnvidia-ml.so.1")``; see :func:`gpu_exporter.simulator.install`."""
 
-    def __init__(self, node: SimulatedNode) -> None:
+    def __init__(self, node: NodeView) -> None:
         self.node = node
         functions = NvmlFunctions(node)
         for name in METHODS:
@@ -111,7 +111,7 @@ def _plain(function: Callable[[Any], bytes]) -> Callable[[Any], bytes]:
     return nvmlErrorString
 
 
-def _entry_point(node: SimulatedNode, name: str, method: Callable[..., int]) -> Callable[..., int]:
+def _entry_point(node: NodeView, name: str, method: Callable[..., int]) -> Callable[..., int]:
     def entry(*args: Any) -> int:
         try:
             return _call(node, name, method, args)
@@ -125,7 +125,7 @@ def _entry_point(node: SimulatedNode, name: str, method: Callable[..., int]) -> 
     return entry
 
 
-def _call(node: SimulatedNode, name: str, method: Callable[..., int], args: tuple[Any, ...]) -> int:
+def _call(node: NodeView, name: str, method: Callable[..., int], args: tuple[Any, ...]) -> int:
     if name not in NO_INIT and node.init_count == 0:
         return UNINITIALIZED
     node.calls[name] += 1  # lets tests check what the exporter asks, and how often
@@ -141,7 +141,7 @@ def _call(node: SimulatedNode, name: str, method: Callable[..., int], args: tupl
         return method(*args)
 
 
-def _wait_if_hung(node: SimulatedNode, name: str, args: tuple[Any, ...]) -> None:
+def _wait_if_hung(node: NodeView, name: str, args: tuple[Any, ...]) -> None:
     if not node.hangs:  # the usual case, and every call asks
         return
     hang = node.hang_for(name, _gpu_index(node, name, args))
@@ -149,7 +149,7 @@ def _wait_if_hung(node: SimulatedNode, name: str, args: tuple[Any, ...]) -> None
         hang.released.wait(hang.remaining())
 
 
-def _gpu_index(node: SimulatedNode, name: str, args: tuple[Any, ...]) -> int | None:
+def _gpu_index(node: NodeView, name: str, args: tuple[Any, ...]) -> int | None:
     """Which GPU a call concerns (for hangs scoped to one GPU), if any."""
     if not args:
         return None

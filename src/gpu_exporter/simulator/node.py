@@ -11,13 +11,14 @@ import time
 import uuid
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from gpu_exporter.simulator.dcgm_host import DcgmHost
 from gpu_exporter.simulator.devices import MPS_SERVER_BYTES, Device, GpuDevice, MigDevice, Workload
 from gpu_exporter.simulator.drivers import field_layout
 from gpu_exporter.simulator.events import parse_events
+from gpu_exporter.simulator.injected import Failure, Hang
 from gpu_exporter.simulator.kmsg import (
     PROCESS_XIDS,
     XID_TEXT,
@@ -55,44 +56,6 @@ class Allocation:
     spec: AllocationSpec
     uuid: str
     device_id: str
-
-
-@dataclass
-class Hang:
-    """Calls to ``function`` (or every function) on ``gpu`` (or any) block until ``deadline``
-    or release."""
-
-    function: str | None
-    gpu: int | None
-    deadline: float | None
-    released: threading.Event = field(default_factory=threading.Event)
-
-    def remaining(self) -> float | None:
-        return None if self.deadline is None else self.deadline - time.monotonic()
-
-
-@dataclass
-class Failure:
-    """An injected NVML error on ``function``: every ``every``-th call fails (1: every call),
-    and after ``times`` failures (None: no limit) the injection switches itself off."""
-
-    code: int
-    every: int = 1
-    times: int | None = None
-    calls: int = 0
-
-    def strike(self) -> bool:
-        """Count one call; True when this call fails."""
-        self.calls += 1
-        if self.calls % self.every:
-            return False
-        if self.times is not None:
-            self.times -= 1
-        return True
-
-    @property
-    def spent(self) -> bool:
-        return self.times == 0
 
 
 # A read integrates its GPU's counters only when they are more than this behind: one round's reads

@@ -14,7 +14,7 @@ from gpu_exporter.simulator.devices import Device, GpuDevice, MigDevice
 from gpu_exporter.simulator.errors import NvmlFailure
 
 if TYPE_CHECKING:
-    from gpu_exporter.simulator.node import SimulatedNode
+    from gpu_exporter.simulator.nodeview import NodeView
 
 SUCCESS = 0
 UNINITIALIZED = 1
@@ -59,7 +59,7 @@ def point(ref: Any, target: ctypes.Structure) -> None:
 class FunctionsBase:
     """Device resolution with NVML's errors: unknown handle, lost GPU, MIG restrictions."""
 
-    def __init__(self, node: SimulatedNode) -> None:
+    def __init__(self, node: NodeView) -> None:
         self.node = node
 
     def device(self, handle: Any) -> Device:
