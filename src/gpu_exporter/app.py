@@ -110,7 +110,6 @@ async def start_web_server(
         (config.listen_host, config.listen_port),
         config.web,
         read_timeout=config.web_read_timeout,
-        write_timeout=config.web_write_timeout,
     )
 
 

@@ -1,9 +1,11 @@
 """The HTTP surface (edge): everything a client on the network reaches, and nothing else.
 
+- ``listener.py``: aiohttp's server on the listening socket, over TLS when configured.
 - ``server.py``: the aiohttp application: ``/metrics`` from the sampler's cached bytes,
   ``/healthz``, ``/readyz``, the landing page; server settings (timeouts, keep-alive).
 - ``webguard.py``: what a request passes first: concurrency and rate limits, client-certificate
-  SANs, basic auth; rejection counters; aiohttp's server log into the structured log.
+  SANs, basic auth, body and write timeouts; rejection counters; aiohttp's server log into the
+  structured log.
 - ``webconfig.py``: the exporter-toolkit web config file (``--web.config.file``) parsed into a
   frozen :class:`~gpu_exporter.http.webconfig.WebConfig`.
 - ``webreload.py``: follows that file while running (certificates, users) and swaps it in.

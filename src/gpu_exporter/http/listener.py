@@ -1,16 +1,14 @@
-"""The listening socket: every connection starts on the scrape fast path (``fastpath.py``), and
-aiohttp's server takes those that ask for anything else."""
+"""The listening socket: aiohttp's server on ``--listen``, over TLS when the web config has a
+certificate. Every request, ``/metrics`` included, is answered by the app ``server.py`` builds."""
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 
 from aiohttp import web
 
 from ..logs import get_logger
-from .fastpath import FastPath
-from .server import GZIP_KEY, SAMPLER_KEY, server_settings
+from .server import server_settings
 from .webconfig import WebConfig
 from .webguard import RequestGuard, ServerLog
 
@@ -27,21 +25,16 @@ class ListenError(OSError):
 
 @dataclass
 class WebServer:
-    """A listening exporter: the socket, the fast path and aiohttp's runner behind it."""
+    """A listening exporter: aiohttp's runner and its one site."""
 
     runner: web.AppRunner
-    fast_path: FastPath
-    server: asyncio.Server
 
     @property
     def port(self) -> int:
-        return int(self.server.sockets[0].getsockname()[1])
+        return int(self.runner.addresses[0][1])
 
     async def stop(self) -> None:
-        """Stop listening, close the fast path's connections, then aiohttp's (its shutdown
-        lets requests in progress finish)."""
-        self.server.close()
-        self.fast_path.close_all()
+        """Stop listening and close the connections (requests in progress may finish)."""
         await self.runner.cleanup()
 
 
@@ -52,44 +45,33 @@ async def listen(
     web_config: WebConfig | None,
     *,
     read_timeout: float,
-    write_timeout: float,
 ) -> WebServer:
     """Serve ``web_app`` on ``address``, over TLS when the web config has a certificate."""
     host, port = address
-    settings = server_settings(read_timeout)
     runner = web.AppRunner(
-        web_app, access_log=None, handle_signals=False, logger=ServerLog(guard), **settings
+        web_app,
+        access_log=None,
+        handle_signals=False,
+        logger=ServerLog(guard),
+        **server_settings(read_timeout),
     )
     await runner.setup()
-    assert runner.server is not None  # set up above
-    fast_path = FastPath(
-        web_app[SAMPLER_KEY],
-        guard,
-        web_app[GZIP_KEY],
-        runner.server,
-        read_timeout=read_timeout,
-        write_timeout=write_timeout,
-    )
     tls = web_config.tls if web_config else None
-    loop = asyncio.get_running_loop()
+    site = web.TCPSite(runner, host, port, ssl_context=tls.context if tls else None)
     try:
-        server = await loop.create_server(
-            fast_path.connection,
-            host,
-            port,
-            ssl=tls.context if tls else None,
-        )
+        await site.start()
     except OSError as exc:
         await runner.cleanup()
         raise ListenError(exc.strerror or str(exc)) from exc
     except BaseException:
         await runner.cleanup()
         raise
+    server = WebServer(runner)
     _log.info(
         "listening",
-        address=f"{host}:{server.sockets[0].getsockname()[1]}",
+        address=f"{host}:{server.port}",
         tls=tls is not None,
         client_auth=tls.client_auth if tls else "NoClientCert",
         basic_auth=bool(web_config and web_config.auth_required),
     )
-    return WebServer(runner, fast_path, server)
+    return server

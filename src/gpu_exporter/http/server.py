@@ -12,6 +12,7 @@ from .. import __version__
 from ..exposition import (
     OPENMETRICS_CONTENT_TYPE,
     TEXT_CONTENT_TYPE,
+    Exposition,
     accepts_gzip,
     wants_openmetrics,
 )
@@ -23,6 +24,7 @@ from .webguard import RequestGuard
 SAMPLER_KEY: web.AppKey[Sampler] = web.AppKey("sampler", Sampler)
 STATUS_KEY: web.AppKey[StatusPage] = web.AppKey("status", StatusPage)
 GZIP_KEY: web.AppKey[GzipBodies] = web.AppKey("gzip", GzipBodies)
+GUARD_KEY: web.AppKey[RequestGuard] = web.AppKey("guard", RequestGuard)
 # ?refresh=N on the status page: a person watching a node, not a poller (that is /status.json).
 MIN_REFRESH_SECONDS = 2
 MAX_REFRESH_SECONDS = 3600
@@ -42,6 +44,7 @@ def make_web_app(
     app = web.Application(client_max_size=64 * 1024)
     if guard is not None:
         guard.install(app)
+        app[GUARD_KEY] = guard
     app[SAMPLER_KEY] = sampler
     app[STATUS_KEY] = StatusPage(sampler, __version__)
     app[GZIP_KEY] = GzipBodies()
@@ -67,7 +70,8 @@ def server_settings(read_timeout: float) -> dict[str, Any]:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    """Serve the last render: no NVML call, no encoding work on the loop (gzip: gzipped.py)."""
+    """Serve the last render's bytes: no NVML call, no encoding on the loop (its gzip body is
+    built once per render, on a thread: gzipped.py)."""
     exposition = request.app[SAMPLER_KEY].exposition
     openmetrics = wants_openmetrics(request.headers.get("Accept", ""))
     gzipped = accepts_gzip(request.headers.get("Accept-Encoding", ""))
@@ -76,10 +80,21 @@ async def metrics(request: web.Request) -> web.Response:
         headers["Content-Encoding"] = "gzip"
     headers["Vary"] = "Accept, Accept-Encoding"
     if gzipped:
-        body = await request.app[GZIP_KEY].body(exposition, openmetrics=openmetrics)
+        body = await _gzip_body(request, exposition, openmetrics)
     else:
         body = exposition.body(openmetrics=openmetrics, gzipped=False)
     return web.Response(body=body, headers=headers)
+
+
+async def _gzip_body(request: web.Request, exposition: Exposition, openmetrics: bool) -> bytes:
+    """This render's gzip body, built once for every scrape waiting on it; the wait holds no
+    request slot (``RequestGuard.slot_given_back``)."""
+    build = request.app[GZIP_KEY].body(exposition, openmetrics=openmetrics)
+    guard = request.app.get(GUARD_KEY)
+    if guard is None:
+        return await build
+    with guard.slot_given_back():
+        return await build
 
 
 async def healthz(request: web.Request) -> web.Response:
