@@ -43,9 +43,12 @@ LABEL org.opencontainers.image.title="gpu-exporter" \
       org.opencontainers.image.source="https://github.com/gpu-exporter/gpu-exporter" \
       org.opencontainers.image.documentation="https://github.com/gpu-exporter/gpu-exporter/blob/main/docs/deploy.md"
 COPY --from=builder /opt/gpu-exporter /opt/gpu-exporter
+# MALLOC_ARENA_MAX=2: the exporter's threads share two glibc malloc arenas instead of one each
+# (docs/deploy.md, "Resources"); the DaemonSet sets it too, for images built otherwise.
 ENV PATH=/opt/gpu-exporter/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
+    MALLOC_ARENA_MAX=2 \
     NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=utility
 USER 65532:65532

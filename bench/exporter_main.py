@@ -16,7 +16,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import os
 from typing import Any
 
 from simmeter import install_dump, meter_kubelet, metered_install
@@ -34,8 +33,6 @@ def _metered_kubelet(original: Any) -> Any:
 
 
 if __name__ == "__main__":
-    # What main() does first, here before app (and OpenSSL with it) is imported.
-    cli.no_openssl_unless_configured(sys.argv[1:], os.environ)
     import gpu_exporter.app as app
     import gpu_exporter.simulator as simulator
 

@@ -20,12 +20,6 @@ from .settings import GROUPS, Flag, declared_flags, env_name, parse_duration
 if TYPE_CHECKING:
     from .config import Config
 
-# Imported here: the standard library and settings.py only. Everything else (the collectors,
-# Config, logging: structlog imports asyncio, which imports ssl) is imported by the function
-# that needs it, so that main() can rule OpenSSL out before anything loads it
-# (no_openssl_unless_configured).
-WEB_CONFIG_OPTION = "--web.config.file"
-
 __all__ = ["UsageError", "build_parser", "env_name", "parse_config", "parse_duration", "run"]
 
 EXIT_USAGE = 2
@@ -215,10 +209,6 @@ def run(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = N
     except UsageError as exc:
         return _fail(str(exc), EXIT_USAGE)
     configure_logging(config.log_format, config.log_level)
-    # Worker threads run Python (pynvml's wrappers, the collectors) between NVML calls; at the
-    # default 5 ms switch interval the event loop can wait that long for the GIL on every scrape
-    # that lands during a sampling round (bench/: p99 at 8 scrapers fell 1.5-4x with 0.5 ms).
-    sys.setswitchinterval(0.0005)
     try:
         exporter = build_exporter(config)
         asyncio.run(run_until_signalled(exporter))
@@ -256,63 +246,5 @@ def _fail(message: str, status: int) -> int:
     return status
 
 
-def may_use_tls(argv: Sequence[str], environ: Mapping[str, str]) -> bool:
-    """Whether these flags and variables can configure a web config file (so TLS), judged before
-    they are parsed and erring towards yes: an argument argparse could take for
-    ``--web.config.file`` (it accepts unambiguous prefixes) or the variable, set at all."""
-    if env_name(WEB_CONFIG_OPTION) in environ:
-        return True
-    for arg in argv:
-        if arg == "--":
-            break
-        option = arg.split("=", 1)[0]
-        if len(option) > 2 and WEB_CONFIG_OPTION.startswith(option):
-            return True
-    return False
-
-
-# What OpenSSL gives Python: TLS (ssl) and its hash implementations (hashlib and hmac fall back
-# to Python's built-in md5, sha1, sha2, sha3 and blake2: every algorithm the process uses).
-OPENSSL_MODULES = ("ssl", "_hashlib")
-
-
-def no_openssl_unless_configured(argv: Sequence[str], environ: Mapping[str, str]) -> None:
-    """Without a web config file the exporter never speaks TLS: the web server's TLS comes only
-    from that file (a SIGHUP or file change re-reads the file given at start; nothing can add one
-    later), and nothing else here makes TLS connections. Then OpenSSL's modules are marked
-    unavailable for the process before anything imports them, so libssl and libcrypto (~7 MiB
-    RSS) are never loaded: asyncio and aiohttp import ssl, and hashlib and hmac import _hashlib
-    (aiohttp imports hashlib), inside ``try/except ImportError`` and run without them by design
-    (docs/performance.md, "Peak RSS"). Process-wide, so here in main() and never in run() (tests
-    call run() in their own process)."""
-    if not may_use_tls(argv, environ):
-        for name in OPENSSL_MODULES:
-            sys.modules.setdefault(name, None)  # type: ignore[arg-type]
-
-
-# glibc's mallopt(M_ARENA_MAX, n), and how many arenas the exporter's threads share.
-M_ARENA_MAX = -8
-MALLOC_ARENAS = 2
-
-
-def cap_malloc_arenas(environ: Mapping[str, str]) -> bool:
-    """Let all threads share two malloc arenas; True when the cap was set.
-
-    glibc gives threads arenas of their own (up to eight per core), and memory freed into one
-    stays mapped for that arena: the round's render thread, the gzip threads and the NVML
-    workers each kept their own, about 2 MiB more RSS after the soak's ten minutes
-    (docs/performance.md, "Soak"). An operator's ``MALLOC_ARENA_MAX`` is left alone, and a C
-    library without ``mallopt`` (musl has no arenas) is nothing to fix. Process-wide, before any
-    thread starts: here in main(), never in run()."""
-    if "MALLOC_ARENA_MAX" in environ:
-        return False
-    import ctypes
-
-    mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
-    return mallopt is not None and bool(mallopt(M_ARENA_MAX, MALLOC_ARENAS))
-
-
 def main() -> NoReturn:
-    no_openssl_unless_configured(sys.argv[1:], os.environ)
-    cap_malloc_arenas(os.environ)
     sys.exit(run())

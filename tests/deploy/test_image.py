@@ -1,6 +1,6 @@
 """The container image, checked without a Docker engine: hadolint, the Dockerfile's structure
-(multi-stage, no compilers in the final stage, non-root, OCI labels, entrypoint), its pins
-against pyproject.toml, and a .dockerignore that lets through exactly what is copied."""
+(multi-stage, no compilers in the final stage, non-root, OCI labels, entrypoint, its environment),
+its pins against pyproject.toml, and a .dockerignore that lets through exactly what is copied."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ import pytest
 from gpu_exporter.config import DEFAULT_PORT
 from tests.conftest import require_binary
 
-from .conftest import ROOT
+from .conftest import ROOT, container
+from .kustomize import Resource
 
 DOCKERFILE = ROOT / "Dockerfile"
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
@@ -100,6 +101,18 @@ def test_runs_as_non_root_with_the_console_script_as_entrypoint() -> None:
     assert final["ENTRYPOINT"] == '["gpu-exporter"]'
     assert final["EXPOSE"] == str(DEFAULT_PORT)
     assert 'gpu-exporter = "gpu_exporter.cli:main"' in (ROOT / "pyproject.toml").read_text()
+
+
+def test_the_image_and_every_daemonset_variant_cap_malloc_arenas_at_two(
+    variants: dict[str, list[Resource]],
+) -> None:
+    """glibc's arenas are capped by the environment (docs/deploy.md, "Resources"), not by the
+    exporter: the image sets it, and the DaemonSet too, for images built otherwise."""
+    image_env = " ".join(rest for keyword, rest in final_stage() if keyword == "ENV")
+    assert "MALLOC_ARENA_MAX=2" in image_env.split(), image_env
+    for name, resources in variants.items():
+        env = {e["name"]: e.get("value") for e in container(resources)["env"]}
+        assert env.get("MALLOC_ARENA_MAX") == "2", f"{name}: MALLOC_ARENA_MAX"
 
 
 def test_oci_labels() -> None:

@@ -17,18 +17,16 @@ Every problem is a :class:`WebConfigError` whose message is one line: file, key 
 from __future__ import annotations
 
 import re
+import ssl
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn
 
 from .. import safeyaml
 from ..safeyaml import quote
-
-if TYPE_CHECKING:  # imported where a context is built: without TLS, OpenSSL is never loaded
-    import ssl
 
 # A web config has a few dozen values; aliases may not expand it beyond this (billion laughs).
 MAX_YAML_NODES = 10_000
@@ -41,15 +39,18 @@ CLIENT_AUTH_TYPES = (
 )
 # Python's ssl verifies every client certificate it asks for: it cannot accept one unverified.
 _UNVERIFIED_CLIENT_AUTH = ("RequestClientCert", "RequireAnyClientCert", "RequireClientCert")
-# By name (ssl.VerifyMode, ssl.TLSVersion), resolved when a context is built: ssl (and OpenSSL,
-# ~3.6 MiB) is imported only by a config that turns TLS on (docs/performance.md, RSS).
 _VERIFY_MODES = {
-    "": "CERT_NONE",
-    "NoClientCert": "CERT_NONE",
-    "VerifyClientCertIfGiven": "CERT_OPTIONAL",
-    "RequireAndVerifyClientCert": "CERT_REQUIRED",
+    "": ssl.CERT_NONE,
+    "NoClientCert": ssl.CERT_NONE,
+    "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
+    "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
 }
-TLS_VERSIONS = {"TLS10": "TLSv1", "TLS11": "TLSv1_1", "TLS12": "TLSv1_2", "TLS13": "TLSv1_3"}
+TLS_VERSIONS = {
+    "TLS10": ssl.TLSVersion.TLSv1,
+    "TLS11": ssl.TLSVersion.TLSv1_1,
+    "TLS12": ssl.TLSVersion.TLSv1_2,
+    "TLS13": ssl.TLSVersion.TLSv1_3,
+}
 # exporter-toolkit allows only these headers, and these values where the header is an enumeration.
 ALLOWED_HEADERS: dict[str, tuple[str, ...]] = {
     "Strict-Transport-Security": (),
@@ -197,8 +198,6 @@ def _tls(section: Any, base: Path) -> TlsSettings | None:
         if any(tls.get(key) not in (None, "", []) for key in _TLS_KEYS):
             _fail("tls_server_config", "TLS settings without a certificate: set cert_file")
         return None
-    import ssl
-
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     _set_versions(context, strings["min_version"] or "TLS12", strings["max_version"] or "TLS13")
     cert = _pem(strings, "cert", base)
@@ -236,12 +235,10 @@ def _set_versions(context: ssl.SSLContext, minimum: str, maximum: str) -> None:
                 f"tls_server_config.{key}",
                 f"unknown TLS version {quote(name)} ({_one_of(TLS_VERSIONS)})",
             )
-    import ssl
-
-    if ssl.TLSVersion[TLS_VERSIONS[minimum]] > ssl.TLSVersion[TLS_VERSIONS[maximum]]:
+    if TLS_VERSIONS[minimum] > TLS_VERSIONS[maximum]:
         _fail("tls_server_config.min_version", f"{minimum} is above max_version {maximum}")
-    context.minimum_version = ssl.TLSVersion[TLS_VERSIONS[minimum]]
-    context.maximum_version = ssl.TLSVersion[TLS_VERSIONS[maximum]]
+    context.minimum_version = TLS_VERSIONS[minimum]
+    context.maximum_version = TLS_VERSIONS[maximum]
 
 
 def _pem(strings: Mapping[str, str], name: str, base: Path) -> tuple[str, bytes]:
@@ -273,8 +270,6 @@ def _load_key_pair(
     def no_passphrase() -> NoReturn:
         _fail(key[0], "the private key is encrypted; give it unencrypted (keep it in a Secret)")
 
-    import ssl
-
     with tempfile.TemporaryDirectory(prefix="gpu-exporter-tls-") as scratch:
         cert_path, key_path = Path(scratch, "cert.pem"), Path(scratch, "key.pem")
         cert_path.write_bytes(cert[1])
@@ -300,20 +295,18 @@ def _client_auth(context: ssl.SSLContext, strings: Mapping[str, str], base: Path
     if client_auth not in _VERIFY_MODES:
         _fail(where, f"unknown value {quote(client_auth)} ({_one_of(CLIENT_AUTH_TYPES)})")
     has_ca = bool(strings["client_ca"] or strings["client_ca_file"])
-    if _VERIFY_MODES[client_auth] == "CERT_NONE":
+    if _VERIFY_MODES[client_auth] == ssl.CERT_NONE:
         if has_ca:
             _fail("tls_server_config.client_ca_file", "client CAs given without client_auth_type")
         return client_auth
     if not has_ca:
         _fail("tls_server_config.client_ca_file", f"{client_auth} needs client_ca_file")
     ca_key, ca = _pem(strings, "client_ca", base)
-    import ssl
-
     try:
         context.load_verify_locations(cadata=ca.decode("ascii", errors="replace"))
     except (ssl.SSLError, ValueError) as exc:
         _fail(ca_key, f"no PEM CA certificate in it ({_reason(exc)})")
-    context.verify_mode = ssl.VerifyMode[_VERIFY_MODES[client_auth]]
+    context.verify_mode = _VERIFY_MODES[client_auth]
     return client_auth
 
 
@@ -329,8 +322,6 @@ def _set_ciphers(context: ssl.SSLContext, names: list[str]) -> None:
     openssl = [known[name] for name in names if known[name] != "-"]
     if not openssl:
         return  # TLS 1.3 suites only, or none: the TLS library's defaults
-    import ssl
-
     try:
         context.set_ciphers(":".join(openssl))
     except ssl.SSLError:
@@ -347,8 +338,6 @@ def _cipher_names() -> dict[str, str]:
 def _set_server_preference(context: ssl.SSLContext, prefer: Any) -> None:
     if not isinstance(prefer, bool):
         _fail("tls_server_config.prefer_server_cipher_suites", "must be true or false")
-    import ssl
-
     if prefer:
         context.options |= ssl.OP_CIPHER_SERVER_PREFERENCE
     else:

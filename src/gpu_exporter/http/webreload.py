@@ -18,16 +18,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import ssl
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ..exposition import Family, Sample, counter, gauge, label_string
 from ..logs import RateLimitedLog, get_logger
 from .webconfig import WebConfig, WebConfigError, load_web_config
-
-if TYPE_CHECKING:  # for the SNI callback's types only: ssl is imported where TLS is configured
-    import ssl
 
 RELOADS = counter(
     "gpu_exporter_web_config_reloads_total",
