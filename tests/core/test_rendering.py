@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Iterable
 
 import pytest
 
 from gpu_exporter import exposition
 from gpu_exporter.collectors import Cadence
+from gpu_exporter.sampler import rendering
 from tests.helpers import SimulatedSampler, simulated_sampler
 
 SCENARIO = "gpus: [{model: H100-SXM-80GB}, {model: H100-SXM-80GB}]"
@@ -44,6 +46,21 @@ def renders(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         return original(*args)  # type: ignore[arg-type]
 
     monkeypatch.setattr("gpu_exporter.sampler.core.render_blocks", render_blocks)
+    return threads
+
+
+@pytest.fixture
+def block_writes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The name of the thread of every block the sampler writes from samples (identity, the
+    sources, self-metrics)."""
+    threads: list[str] = []
+    original = rendering.render_block
+
+    def render_block(samples: Iterable[exposition.Sample]) -> exposition.Block:
+        threads.append(threading.current_thread().name)
+        return original(samples)
+
+    monkeypatch.setattr(rendering, "render_block", render_block)
     return threads
 
 
@@ -111,6 +128,18 @@ async def test_while_scraped_a_round_is_rendered_on_a_thread_before_the_next_rea
     assert 'gpu_power_watts{gpu="1"' in text, "the threaded render lacks the round's samples"
 
 
+async def test_while_scraped_the_round_writes_the_sources_blocks_on_its_render_thread(
+    block_writes: list[str],
+) -> None:
+    async with simulated_sampler(SCENARIO) as sim:
+        written_by_round = await during_a_round_after_a_read(sim, block_writes)
+    loop = threading.current_thread().name
+    assert written_by_round, "the round after a read wrote no block from samples"
+    assert loop not in written_by_round, (
+        f"the round wrote {written_by_round.count(loop)} blocks on the loop thread {loop}"
+    )
+
+
 async def test_rounds_nobody_reads_are_not_rendered_ahead(renders: list[str]) -> None:
     async with simulated_sampler(SCENARIO) as sim:
         await fast_round(sim)
@@ -148,3 +177,17 @@ async def test_a_read_while_the_round_renders_gets_the_previous_round_and_keeps_
         release.set()
         await round_task
         assert sim.sampler.exposition is with_news, "the round's older render replaced a newer one"
+
+
+async def test_a_round_after_a_read_serves_the_same_series_as_a_round_nobody_read() -> None:
+    async with simulated_sampler(SCENARIO) as sim:
+        await fast_round(sim)
+        await fast_round(sim)  # nobody read the round before: it renders on this read
+        unread = set(sim.series())
+        await fast_round(sim)  # after a read: formatted on the workers, rendered on a thread
+        read = set(sim.series())
+    assert read == unread, (
+        f"a round that scrapers read lost {sorted(unread - read)[:5]} "
+        f"and gained {sorted(read - unread)[:5]}"
+    )
+    assert any(name == "gpu_power_watts" for name, _ in read), "the rounds sampled no power"

@@ -16,7 +16,7 @@ import pynvml
 from ..collectors import ALL_COLLECTORS, Cadence, Collector, CollectorContext
 from ..config import Config
 from ..devices import Device, DeviceId, Gpu, SystemInfo, discover_gpu, init_nvml
-from ..exposition import Block, Exposition, render, render_blocks
+from ..exposition import Exposition, render, render_blocks
 from ..ledger import ActivityLedger
 from ..logs import RateLimitedLog, get_logger
 from ..migprofiles import MigProfileBook
@@ -33,10 +33,9 @@ from .health import loops_healthy, problems
 from .jobs import Batch, Job, Pending, close_jobs, make_jobs, settle
 from .liveness import GpuState, Liveness
 from .outcomes import Outcomes
-from .rendering import IdentityCache, all_blocks, family_order
+from .rendering import IdentityCache, Part, blocks_of, exposition_parts, family_order
 from .selfmetrics import SelfMetrics
 from .sources import DeviceListener, RoundListener, SampleSource
-from .turns import Turns
 
 _log = get_logger("sampler")
 
@@ -84,7 +83,6 @@ class Sampler:
         self._shown = 0  # the news the exposition reflects
         self._ahead: int | None = None  # the news being rendered on a thread, if any
         self._read = False  # the exposition was read since the last round was submitted
-        self._turns = Turns()  # how the jobs of a round that scrapers read share the GIL
         self._read_since_news = False
         self._family_order = family_order(self._collector_types, self._sources)
         self._news = asyncio.Event()
@@ -156,7 +154,7 @@ class Sampler:
         self._read = self._read_since_news = True
         if self._shown < self._news_count and self._ahead != self._news_count:
             self._shown = self._news_count
-            self._exposition = render_blocks(self._collect_blocks(), self._family_order)
+            self._exposition = render_blocks(blocks_of(self._parts()), self._family_order)
         return self._exposition
 
     @property
@@ -247,7 +245,7 @@ class Sampler:
         if cadence is Cadence.SLOW or self.ledger.dcgm.take_change():
             self._submit_inventory(work)
         deadline = min(self._config.nvml_timeout, interval)
-        self._submit_jobs(cadence, work, deadline)
+        self._submit_jobs(cadence, work)
         await settle(work, deadline)
 
     def _submit(
@@ -265,16 +263,12 @@ class Sampler:
         return future
 
     def _submit_jobs(
-        self, cadence: Cadence, work: dict[concurrent.futures.Future[Any], Pending], deadline: float
+        self, cadence: Cadence, work: dict[concurrent.futures.Future[Any], Pending]
     ) -> None:
         """One batch per GPU (its MIG instances' jobs included) for this cadence; a job stuck in
         an earlier call is left out. While the exposition is being read (it was since the last
-        round) the jobs format their lines on the workers, as the next read will want them, and
-        take turns, resting at most a tenth of the round's deadline in all (turns.py)."""
+        round) the jobs format their lines on the workers, as the next read will want them."""
         format_now, self._read = self._read, False
-        turns = self._turns if format_now else None
-        if turns is not None:
-            turns.begin_round(rest_budget=deadline / 10)
         for state in self._gpus:
             if not state.up:
                 continue
@@ -287,7 +281,7 @@ class Sampler:
                 else:
                     ready.append(job)
             if ready:
-                self._submit_batch(state, Batch(ready, format_now=format_now, turns=turns), work)
+                self._submit_batch(state, Batch(ready, format_now=format_now), work)
 
     def _submit_batch(
         self, state: GpuState, batch: Batch, work: dict[concurrent.futures.Future[Any], Pending]
@@ -441,18 +435,19 @@ class Sampler:
         self._news.set()
 
     async def _publish_round(self) -> None:
-        """A round settled. While scrapers read every round, render it now, formatting and
-        joining on a thread, so that the next scrape finds it ready instead of stalling the loop
-        for it (4.6 ms on ``mig56``; docs/performance.md): scrapes meanwhile get the previous
-        round's exposition. Unread rounds render on the next read, as before."""
+        """A round settled. While scrapers read every round, render it now on a thread, so that
+        the next scrape finds it ready instead of stalling the loop for it: only gathering the
+        parts (reading their state) stays on the loop; writing the sources' and self-metrics'
+        blocks, joining and gzip run on the thread. Scrapes meanwhile get the previous round's
+        exposition. Unread rounds render on the next read."""
         self._news_count += 1
         ahead, self._read_since_news = self._read_since_news and self._ahead is None, False
         if ahead:
             news = self._ahead = self._news_count
-            blocks = list(self._collect_blocks())  # the parts' state is read here, on the loop
+            parts = self._parts()
             gzipped = self._exposition.gzipped_formats()  # what the scrapers asked for
             try:
-                exposition = await asyncio.to_thread(self._render, blocks, gzipped)
+                exposition = await asyncio.to_thread(self._render, parts, gzipped)
             except Exception:  # a bug: the next read renders on the loop and shows it
                 _log.exception("rendering the round failed")
             else:
@@ -462,14 +457,14 @@ class Sampler:
                 self._ahead = None
         self._news.set()
 
-    def _render(self, blocks: list[Block], gzipped: tuple[bool, ...]) -> Exposition:
-        """On a thread: the exposition of ``blocks``, with the gzip bodies scrapers will ask for."""
-        exposition = render_blocks(blocks, self._family_order)
+    def _render(self, parts: list[Part], gzipped: tuple[bool, ...]) -> Exposition:
+        """On a thread: the exposition of ``parts``, with the gzip bodies scrapers will ask for."""
+        exposition = render_blocks(blocks_of(parts), self._family_order)
         for openmetrics in gzipped:
             exposition.body(openmetrics=openmetrics, gzipped=True)
         return exposition
 
-    def _collect_blocks(self) -> Iterator[Block]:
+    def _parts(self) -> list[Part]:
         jobs = (job for state in self._gpus for job in state.jobs)
         self_samples = self._self_metrics.samples(
             jobs,
@@ -478,7 +473,9 @@ class Sampler:
             errors=self._errors,
             hung_calls=self._pool.abandoned_count,
         )
-        return all_blocks(self._system, self._gpus, self._identities, self._sources, self_samples)
+        return exposition_parts(
+            self._system, self._gpus, self._identities, self._sources, self_samples
+        )
 
     # -- helpers -----------------------------------------------------------------------------
 

@@ -15,7 +15,6 @@ from ..collectors import Collector, CollectorContext, SampleWriter
 from ..devices import Gpu
 from ..exposition import EMPTY_BLOCK, Block
 from ..nvml import DeviceCalls, ErrorCounter, PoolExhausted, SupportRegistry, WorkerPool
-from .turns import Turns
 
 
 @dataclass
@@ -64,18 +63,14 @@ class Batch:
     hung call still holds up only its own collector: the sampler gives up on the batch at the
     round's deadline (the job running then is the hung one; those after it did not run this
     round), and the next round leaves the hung job out of the device's new batch. An abandoned
-    batch whose call returns runs nothing more. With ``turns`` (a round scrapers read), the batch
-    runs its jobs only in its worker's turns, one worker at a time (turns.py).
+    batch whose call returns runs nothing more.
     """
 
-    __slots__ = ("abandoned", "format_now", "future", "jobs", "turns")
+    __slots__ = ("abandoned", "format_now", "future", "jobs")
 
-    def __init__(
-        self, jobs: Sequence[Job], *, format_now: bool = False, turns: Turns | None = None
-    ) -> None:
+    def __init__(self, jobs: Sequence[Job], *, format_now: bool = False) -> None:
         self.jobs = tuple(jobs)
         self.format_now = format_now  # format the samples here, off the loop (see run_job)
-        self.turns = turns
         self.abandoned = False
         self.future: concurrent.futures.Future[None] | None = None
         for job in self.jobs:
@@ -83,17 +78,10 @@ class Batch:
             job.calls.failures = []
 
     def run(self) -> None:
-        turns, turn = self.turns, None
-        try:
-            for job in self.jobs:
-                if self.abandoned:
-                    return
-                if turns is not None:
-                    turn = turns.next(turn)
-                self._run_one(job)
-        finally:
-            if turns is not None and turn is not None:
-                turns.end(turn)
+        for job in self.jobs:
+            if self.abandoned:
+                return
+            self._run_one(job)
 
     def _run_one(self, job: Job) -> None:
         job.running = True

@@ -1,5 +1,7 @@
 """Everything the exposition holds, in family order: identity, each job's last samples (as the
-block the job rendered), the other parts' sources, the sampler's self-metrics."""
+block the job rendered), the other parts' sources, the sampler's self-metrics. Gathering the parts
+(:func:`exposition_parts`) is separate from writing them (:func:`blocks_of`), so that a round's
+render can gather on the event loop and write on a thread."""
 
 from __future__ import annotations
 
@@ -45,22 +47,33 @@ class IdentityCache:
         return sample
 
 
-def all_blocks(
+# One part of the exposition: a job's block (kept from its last run, so a slow job's lines are
+# not formatted again each fast round), or samples that a render writes as a block.
+Part = Block | list[Sample]
+
+
+def exposition_parts(
     system: SystemInfo | None,
     gpus: Sequence[GpuState],
     identities: IdentityCache,
     sources: Iterable[SampleSource],
     self_samples: Iterable[Sample],
-) -> Iterator[Block]:
-    """The exposition's parts in order: identity, every job's block (kept from its last run, so
-    a slow job's lines are not formatted again each fast round), sources and self-metrics."""
-    yield render_block(_identity_samples(system, gpus, identities))
+) -> list[Part]:
+    """The exposition's parts in order, as of now: identity, every job's block, sources and
+    self-metrics. Called on the event loop, where the parts' state is written; it only reads
+    (the samples are immutable), so writing the parts as blocks can happen on any thread."""
+    parts: list[Part] = [list(_identity_samples(system, gpus, identities))]
     for state in gpus:
-        for job in state.jobs:
-            yield job.block
-    for source in sources:
-        yield render_block(source.samples())
-    yield render_block(self_samples)
+        parts.extend(job.block for job in state.jobs)
+    parts.extend(list(source.samples()) for source in sources)
+    parts.append(list(self_samples))
+    return parts
+
+
+def blocks_of(parts: Iterable[Part]) -> Iterator[Block]:
+    """Every part as a block, for :func:`~gpu_exporter.exposition.render_blocks`."""
+    for part in parts:
+        yield part if isinstance(part, Block) else render_block(part)
 
 
 def _identity_samples(
