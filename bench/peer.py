@@ -347,53 +347,6 @@ def compare(
     }
 
 
-def peer_goals(result: dict[str, Any] | None) -> list[dict[str, Any]]:
-    """Issue 18's resting-cost goals, judged on this run (met / missed, never a failure)."""
-    if not result:
-        return []
-    servers = result["servers"]
-    ours, peer = servers[OURS], servers[PEER]
-    rows = []
-
-    def add(goal: str, measured: float, limit: float, unit: str, note: str = "") -> None:
-        rows.append(
-            {
-                "goal": goal,
-                "measured": measured,
-                "limit": limit,
-                "unit": unit,
-                "met": measured <= limit,
-                "note": note,
-            }
-        )
-
-    idle = ours["idle"]["share_percent_net_p50"]
-    peer_idle = peer["idle"]["share_percent_net_p50"]
-    add("peer: idle CPU (net of simulator)", idle, 1.0, "% of a core")
-    add(
-        "peer: idle CPU at most nvitop-exporter's",
-        idle,
-        round(peer_idle, 3),
-        "% of a core",
-        note="limit: nvitop-exporter's in the same windows",
-    )
-    add("peer: peak RSS (simulated kubelet included)", ours["peak_rss_mib"], 48, "MiB")
-    if OURS_NO_KUBELET in servers:
-        add(
-            "peer: peak RSS without the kubelet (--no-allocation)",
-            servers[OURS_NO_KUBELET]["peak_rss_mib"],
-            48,
-            "MiB",
-        )
-    add(
-        "peer: NVML calls/s per series at most nvitop-exporter's",
-        ours["nvml_calls_per_second_per_series"],
-        round(peer["nvml_calls_per_second_per_series"], 4),
-        "calls/s",
-    )
-    return rows
-
-
 def peer_table(result: dict[str, Any]) -> str:
     """The comparison as a Markdown table, one column per server."""
     servers = result["servers"]

@@ -1,17 +1,19 @@
 """gpu-exporter benchmark: ``make bench`` (``python bench/run.py [--quick] [...]``).
 
 For each node shape (bench/scenarios/*.yaml) it starts the real exporter process on the simulator
-and measures, against two baselines serving the same series in the same run:
+and measures:
 
-- scrape latency p50/p99 at 1, 8 and 64 concurrent keep-alive scrapers, plain and gzip
-  (exporter; (a) prometheus_client collector + generate_latest per scrape on aiohttp; (b) the same
-  bytes from a minimal asyncio server); at 8, the goal cells, each server's median of five;
+- scrape latency p50/p99 at 1, 8 and 64 concurrent keep-alive scrapers, plain and gzip, for the
+  exporter and for (a), a prometheus_client collector + generate_latest per scrape on aiohttp
+  serving the same series; at 8, the goal cells, each server's median of five;
 - sampler CPU per fast cycle, in-process, with the simulator's own CPU subtracted;
 - whole-process CPU share at default intervals (fast 1 s, slow 30 s) and peak RSS (VmHWM);
 - Xid latency: a kernel-log record appended to ``--kmsg-path`` until the counter shows in /metrics;
 - time from process start to ``/readyz`` 200.
 
-It prints a table and writes JSON (default ``bench/results/latest.json``). See bench/README.md and
+Then, once per run: the event loop's stalls on ``mig56`` scraped every second (loop_probe.py), and
+the peer, nvitop-exporter, on the same node (peer.py). It prints a table and writes JSON (default
+``bench/results/latest.json``), with the goals' verdicts (goals.py). See bench/README.md and
 docs/performance.md. This is a benchmark, never a test: goals are reported, not asserted.
 """
 
@@ -36,6 +38,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import goals
 import harness
 from harness import (
     BENCH,
@@ -49,7 +52,8 @@ from harness import (
     wait_ready,
 )
 from loadgen import LoadResult, median_cell, percentile, pick_generator, run_load
-from peer import PEER_FULL, PEER_QUICK, compare, peer_goals, peer_table
+from loop_probe import LAG_ENV
+from peer import PEER_FULL, PEER_QUICK, compare, peer_table
 
 SHAPES = {
     "gpu8": ("8x H100", BENCH / "scenarios" / "gpu8.yaml"),
@@ -57,13 +61,17 @@ SHAPES = {
     "gpu16": ("16x H200", BENCH / "scenarios" / "gpu16.yaml"),
 }
 CONCURRENCY = (1, 8, 64)
-GOAL_CONCURRENCY = 8  # the scrape-latency goals are stated at 8 scrapers
-SERVERS = ("exporter", "paused", "client", "raw")
+GOAL_CONCURRENCY = goals.GOAL_CONCURRENCY
+SERVERS = ("exporter", "paused", "client")
 SERVER_TITLES = {
     "exporter": "gpu-exporter",
     "paused": "exporter, no sampling",
     "client": "(a) prometheus_client",
-    "raw": "(b) raw asyncio",
+}
+# What a Prometheus scrape sends: the stall cell scrapes as Prometheus does.
+PROMETHEUS_HEADERS = {
+    "Accept": "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5",
+    "Accept-Encoding": "gzip",
 }
 XID_CODE = 13
 
@@ -77,6 +85,7 @@ class Profile:
     sampler_rounds: int
     paused: bool  # also measure an exporter whose sampler never runs after the first round
     goal_repeats: int  # cells at GOAL_CONCURRENCY, servers taking turns; the median p99's is kept
+    stall_seconds: float  # the loop-lag window on the goal shape, scraped every second
 
 
 FULL = Profile(
@@ -87,6 +96,7 @@ FULL = Profile(
     sampler_rounds=100,
     paused=True,
     goal_repeats=5,
+    stall_seconds=300,
 )
 QUICK = Profile(
     cell_seconds=1,
@@ -96,10 +106,12 @@ QUICK = Profile(
     sampler_rounds=20,
     paused=False,
     goal_repeats=1,
+    stall_seconds=20,
 )
 PAUSED_FLAGS = ("--fast-interval=1h", "--slow-interval=1h")
 EXTRA_ARGS: list[str] = []  # --exporter-args, appended to every exporter command line
-PARTS = ("sampler", "ready", "cpu", "xid", "latency", "peer")
+PARTS = ("sampler", "ready", "cpu", "xid", "latency", "stall", "peer")
+STALL_WARMUP_S = 5.0  # after /readyz: the first rounds, the first allocation poll
 
 
 def exporter_args(scenario: Path, work: Path) -> list[str]:
@@ -375,11 +387,10 @@ def bench_shape(
                 ports["paused"] = paused.port
                 ports_pids["paused"] = paused.pid
             if not skip_baselines:
-                for kind in ("client", "raw"):
-                    proc = start_baseline(kind, exposition)
-                    baselines.append(proc)
-                    ports[kind] = proc.port
-                    ports_pids[kind] = proc.pid
+                proc = start_baseline("client", exposition)
+                baselines.append(proc)
+                ports["client"] = proc.port
+                ports_pids["client"] = proc.pid
             log(f"{shape}: scrape latency ({generator}, {profile.cell_seconds:.0f} s per cell)")
             out["latency"] = measure_latency(
                 ports, generator, profile.cell_seconds, profile.goal_repeats
@@ -397,6 +408,66 @@ def bench_shape(
                 proc.stop()
             exporter.stop()
     return out
+
+
+def read_lag(proc: Proc, path: Path, previous_seq: int) -> dict[str, Any]:
+    """The probe's lateness since its last dump (SIGUSR2, then the file with a newer sequence)."""
+    os.kill(proc.pid, signal.SIGUSR2)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError, ValueError):
+            data: dict[str, Any] = json.loads(path.read_text())
+            if data["seq"] > previous_seq:
+                return data
+        time.sleep(0.005)
+    raise RuntimeError("the loop-lag probe did not answer")
+
+
+def measure_stall(shape: str, seconds: float) -> dict[str, Any]:
+    """The exporter under the loop-lag probe (loop_probe.py), scraped once a second as Prometheus
+    scrapes (OpenMetrics, gzip, one kept connection) for ``seconds``: how late the probe's 10 ms
+    timer woke, and how long the scrapes took, over that window (the start excluded)."""
+    _, scenario = SHAPES[shape]
+    with tempfile.TemporaryDirectory(prefix=f"bench-stall-{shape}-") as tmp:
+        work = Path(tmp)
+        (work / "state").mkdir()
+        (work / "kmsg").touch()
+        lag_file = work / "loop-lag.json"
+        command = [sys.executable, str(BENCH / "loop_probe.py"), *exporter_args(scenario, work)]
+        proc = start_exporter(command, {LAG_ENV: str(lag_file)})
+        try:
+            wait_ready(proc)
+            time.sleep(STALL_WARMUP_S)
+            start = read_lag(proc, lag_file, 0)  # discards the start's wake-ups
+            client = Http(proc.port)
+            scrapes: list[float] = []
+            begun = next_scrape = time.monotonic()
+            while next_scrape < begun + seconds:
+                time.sleep(max(0.0, next_scrape - time.monotonic()))
+                t0 = time.perf_counter()
+                status, _ = client.get("/metrics", PROMETHEUS_HEADERS)
+                if status != 200:
+                    raise RuntimeError(f"stall cell: /metrics answered {status}")
+                scrapes.append((time.perf_counter() - t0) * 1000)
+                next_scrape += 1.0
+            client.close()
+            lag = read_lag(proc, lag_file, start["seq"])
+            elapsed = time.monotonic() - begun
+        finally:
+            proc.stop()
+    ordered = sorted(scrapes)
+    lag.pop("seq")
+    return {
+        "shape": shape,
+        "seconds": round(elapsed, 1),
+        "loop_lag": lag,
+        "scrapes": {
+            "count": len(ordered),
+            "p50_ms": percentile(ordered, 50),
+            "p99_ms": percentile(ordered, 99),
+            "max_ms": ordered[-1],
+        },
+    }
 
 
 def bench_sampler(shape: str, rounds: int) -> dict[str, Any]:
@@ -440,99 +511,6 @@ def fmt(value: Any, digits: int = 2) -> str:
     return str(value)
 
 
-def _cells_note(exporter: dict[str, Any], floor: dict[str, Any]) -> str:
-    """Every cell's p99 behind a median-of-cells ratio, exporter's then the floor's."""
-    if "p99_ms_cells" not in exporter or "p99_ms_cells" not in floor:
-        return ""
-    cells = [" ".join(f"{p99:.2f}" for p99 in side["p99_ms_cells"]) for side in (exporter, floor)]
-    return f"median cell; p99 ms {cells[0]} / floor {cells[1]}"
-
-
-def goals(shapes: dict[str, Any]) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = []
-
-    def add(
-        goal: str,
-        measured: float | None,
-        limit: float,
-        unit: str,
-        *,
-        below: bool = True,
-        note: str = "",
-    ) -> None:
-        met = None if measured is None else (measured <= limit if below else measured >= limit)
-        rows.append(
-            {
-                "goal": goal,
-                "measured": measured,
-                "limit": limit,
-                "unit": unit,
-                "met": met,
-                "note": note,
-            }
-        )
-
-    for shape, limit in (("gpu8", 2.0), ("mig56", 5.0)):
-        lat = shapes.get(shape, {}).get("latency", {}).get("exporter")
-        if lat:
-            for enc in ("plain", "gzip"):
-                add(f"{shape}: scrape p99 @8 ({enc})", lat[f"{enc}/8"]["p99_ms"], limit, "ms")
-    for shape, data in shapes.items():
-        lat = data.get("latency", {})
-        if "client" in lat:
-            for enc in ("plain", "gzip"):
-                ratio = lat["client"][f"{enc}/8"]["p99_ms"] / lat["exporter"][f"{enc}/8"]["p99_ms"]
-                add(f"{shape}: (a)/exporter p99 @8 ({enc})", ratio, 20, "x", below=False)
-        if "raw" in lat:
-            for enc in ("plain", "gzip"):
-                exporter, floor = lat["exporter"][f"{enc}/8"], lat["raw"][f"{enc}/8"]
-                add(
-                    f"{shape}: exporter/(b) p99 @8 ({enc})",
-                    exporter["p99_ms"] / floor["p99_ms"],
-                    3,
-                    "x",
-                    note=_cells_note(exporter, floor),
-                )
-    for shape, data in shapes.items():
-        if "sampler" in data:
-            limit = 2.0 if shape == "gpu8" else None
-            if limit is not None:
-                add(
-                    f"{shape}: sampler CPU per fast cycle",
-                    data["sampler"]["exporter_cpu_ms_per_fast_round_p50"],
-                    limit,
-                    "ms",
-                )
-    for shape, data in shapes.items():
-        if "cpu" in data:
-            add(
-                f"{shape}: process CPU at defaults (net of simulator)",
-                data["cpu"]["share_percent_net"],
-                1.0,
-                "% of a core",
-                note=f"raw incl. simulator {data['cpu']['share_percent_raw']:.2f}%",
-            )
-        if "rss" in data:
-            add(
-                f"{shape}: peak RSS",
-                data["rss"]["exporter_peak_mib"],
-                80,
-                "MiB",
-                note="includes the in-process simulator",
-            )
-        if "xid" in data:
-            add(
-                f"{shape}: Xid visible p99",
-                data["xid"].get("p99_ms"),
-                100,
-                "ms",
-                note=data["xid"].get("status", ""),
-            )
-        if "ready" in data:
-            add(f"{shape}: start to /readyz 200", data["ready"]["seconds_max"], 2.0, "s")
-    return rows
-
-
 def print_report(report: dict[str, Any]) -> None:
     m = report["machine"]
     print(
@@ -551,9 +529,7 @@ def print_report(report: dict[str, Any]) -> None:
             names = [n for n in SERVERS if n in lat]
             header = f"{'scrapers':>9} " + "".join(f"| {SERVER_TITLES[n]:>23} " for n in names)
             if "client" in lat:
-                header += "| (a)/exp p99 "
-            if "raw" in lat:
-                header += "| exp/(b) p99"
+                header += "| (a)/exp p99"
             print(header)
             print(f"{'':>9} " + "".join(f"| {'p50 ms':>11} {'p99 ms':>11} " for _ in names))
             for enc in ("plain", "gzip"):
@@ -565,9 +541,7 @@ def print_report(report: dict[str, Any]) -> None:
                     )
                     exp = lat["exporter"][key]["p99_ms"]
                     if "client" in lat:
-                        row += f"| {lat['client'][key]['p99_ms'] / exp:>10.1f}x "
-                    if "raw" in lat:
-                        row += f"| {exp / lat['raw'][key]['p99_ms']:>9.2f}x"
+                        row += f"| {lat['client'][key]['p99_ms'] / exp:>10.1f}x"
                     print(row)
         s = data.get("sampler")
         if s:
@@ -612,6 +586,8 @@ def print_report(report: dict[str, Any]) -> None:
                 f"max {rd['seconds_max']:.2f} s "
                 f"(n={rd['runs']})"
             )
+    if report.get("stall"):
+        print(f"\n{stall_line(report['stall'])}")
     if report.get("peer"):
         peer = report["peer"]
         print(f"\nAgainst nvitop-exporter {peer['peer_version']} on {peer['scenario']}")
@@ -619,12 +595,22 @@ def print_report(report: dict[str, Any]) -> None:
     print("\nGoals")
     for g in report["goals"]:
         status = {True: "met", False: "MISSED", None: "n/a"}[g["met"]]
-        cmp = ">=" if g["goal"].split(": ")[1].startswith("(a)") else "<="
         note = f"  [{g['note']}]" if g["note"] else ""
         print(
-            f"  {status:6} {g['goal']:48} {fmt(g['measured'])} {g['unit']} "
-            f"({cmp} {g['limit']}){note}"
+            f"  {status:6} {g['goal']:58} {fmt(g['measured'])} {g['unit']} (<= {g['limit']}){note}"
         )
+
+
+def stall_line(stall: dict[str, Any]) -> str:
+    lag, scrapes = stall["loop_lag"], stall["scrapes"]
+    return (
+        f"event-loop stalls on {stall['shape']}, scraped every second for {stall['seconds']:.0f} s:"
+        f" p50 {fmt(lag['p50_ms'])} ms, p99 {fmt(lag['p99_ms'])} ms, max {fmt(lag['max_ms'])} ms"
+        f" ({lag['wakeups']} wake-ups of a {lag['interval_ms']:g} ms timer; at least 5 / 10 /"
+        f" 20 ms late: {lag['at_least_ms']['5']} / {lag['at_least_ms']['10']} /"
+        f" {lag['at_least_ms']['20']}); scrapes p50 {scrapes['p50_ms']:.2f} ms, p99"
+        f" {scrapes['p99_ms']:.2f} ms, max {scrapes['max_ms']:.2f} ms"
+    )
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -643,10 +629,9 @@ def markdown(report: dict[str, Any]) -> str:
                 "| scrapers | "
                 + " | ".join(f"{SERVER_TITLES[n]} p50 / p99 ms" for n in names)
                 + (" | (a) / exporter p99" if "client" in lat else "")
-                + (" | exporter / (b) p99" if "raw" in lat else "")
                 + " |"
             )
-            out.append("|---" * (1 + len(names) + ("client" in lat) + ("raw" in lat)) + "|")
+            out.append("|---" * (1 + len(names) + ("client" in lat)) + "|")
             for enc in ("plain", "gzip"):
                 for conc in CONCURRENCY:
                     key = f"{enc}/{conc}"
@@ -656,8 +641,6 @@ def markdown(report: dict[str, Any]) -> str:
                     e99 = lat["exporter"][key]["p99_ms"]
                     if "client" in lat:
                         cells.append(f"{lat['client'][key]['p99_ms'] / e99:.1f}x")
-                    if "raw" in lat:
-                        cells.append(f"{e99 / lat['raw'][key]['p99_ms']:.1f}x")
                     out.append(f"| {key} | " + " | ".join(cells) + " |")
             out.append("")
         rows = []
@@ -692,6 +675,8 @@ def markdown(report: dict[str, Any]) -> str:
             )
         out.extend(f"- {row}" for row in rows)
         out.append("")
+    if report.get("stall"):
+        out.append(f"### Event-loop stalls\n\n{stall_line(report['stall'])}\n")
     if report.get("peer"):
         peer = report["peer"]
         out.append(
@@ -699,11 +684,14 @@ def markdown(report: dict[str, Any]) -> str:
             f"({peer['scenario']})\n"
         )
         out.append(peer_table(peer))
-    out.append("| goal | measured | limit | |")
-    out.append("|---|---|---|---|")
+    out.append("| goal | measured | at most | | |")
+    out.append("|---|---|---|---|---|")
     for g in report.get("goals", []):
         status = {True: "met", False: "**missed**", None: "n/a"}[g["met"]]
-        out.append(f"| {g['goal']} | {fmt(g['measured'])} {g['unit']} | {g['limit']} | {status} |")
+        out.append(
+            f"| {g['goal']} | {fmt(g['measured'])} {g['unit']} | {g['limit']} {g['unit']} "
+            f"| {status} | {g['note']} |"
+        )
     return "\n".join(out) + "\n"
 
 
@@ -728,6 +716,15 @@ def main(argv: list[str] | None = None) -> int:
         help="cells per server at 8 scrapers, the median p99's kept (full 5, --quick 1)",
     )
     parser.add_argument("--cpu-seconds", type=float, help="seconds of the whole-process CPU window")
+    parser.add_argument(
+        "--stall-seconds", type=float, help="seconds of the loop-lag window (full 300, --quick 20)"
+    )
+    parser.add_argument(
+        "--stall-shape",
+        default=goals.GOAL_SHAPE,
+        choices=list(SHAPES),
+        help="node shape of the loop-lag window",
+    )
     parser.add_argument("--xid-samples", type=int, help="kernel-log records for the Xid latency")
     parser.add_argument("--no-baselines", action="store_true", help="measure the exporter only")
     parser.add_argument(
@@ -776,6 +773,7 @@ def main(argv: list[str] | None = None) -> int:
         sampler_rounds=base.sampler_rounds,
         paused=base.paused if args.paused is None else args.paused,
         goal_repeats=args.goal_repeats or base.goal_repeats,
+        stall_seconds=args.stall_seconds or base.stall_seconds,
     )
     shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
     unknown = [s for s in shapes if s not in SHAPES]
@@ -800,13 +798,16 @@ def main(argv: list[str] | None = None) -> int:
             data["sampler"] = bench_sampler(shape, profile.sampler_rounds)
         data.update(bench_shape(shape, profile, generator, args.no_baselines, frozenset(skip)))
         report["shapes"][shape] = data
+    if "stall" not in skip:
+        log(f"stall: {args.stall_shape} under the loop-lag probe, {profile.stall_seconds:.0f} s")
+        report["stall"] = measure_stall(args.stall_shape, profile.stall_seconds)
     if "peer" not in skip:
         log(f"peer: gpu-exporter and nvitop-exporter on {args.peer_shape}, taking turns")
         peer_profile = PEER_QUICK if args.quick else PEER_FULL
         report["peer"] = compare(
             SHAPES[args.peer_shape][1], peer_profile, before_src=args.peer_before_src
         )
-    report["goals"] = goals(report["shapes"]) + peer_goals(report.get("peer"))
+    report["goals"] = goals.judge(report)
     report["elapsed_seconds"] = round(time.monotonic() - started, 1)
     print_report(report)
     harness.write_json(args.out, report)

@@ -15,7 +15,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from peer import MODES, OURS, PEER, PEER_SMOKE, compare, peer_goals, peer_table  # noqa: E402
+from goals import resting_cpu  # noqa: E402
+from peer import MODES, OURS, PEER, PEER_SMOKE, compare, peer_table  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     shutil.which("gpu-exporter-simulate", path=str(Path(sys.executable).parent)) is None,
@@ -56,12 +57,15 @@ def test_every_server_answers_in_both_connection_modes(result: dict[str, Any]) -
             assert cell["p50_ms"] <= cell["p99_ms"], f"{name} {mode}: {cell}"
 
 
-def test_the_table_and_goals_come_from_the_run(result: dict[str, Any]) -> None:
+def test_the_table_and_the_resting_cpu_goal_come_from_the_run(result: dict[str, Any]) -> None:
     table = peer_table(result)
     assert f"| {PEER} | {OURS} |" in table.splitlines()[0], table
     assert "new connection" in table, table
     assert "NVML calls/s" in table, table
-    goals = {g["goal"]: g for g in peer_goals(result)}
-    idle = goals["peer: idle CPU at most nvitop-exporter's"]
-    assert idle["limit"] == round(result["servers"][PEER]["idle"]["share_percent_net_p50"], 3)
-    assert all(isinstance(g["met"], bool) for g in goals.values()), goals
+    verdict = resting_cpu(result)
+    idle = {name: data["idle"]["share_percent_net_p50"] for name, data in result["servers"].items()}
+    if idle[PEER] > 0:
+        assert verdict.measured == idle[OURS] / idle[PEER], f"not our share over theirs: {idle}"
+        assert isinstance(verdict.met, bool), verdict
+    else:
+        assert verdict.met is None, f"judged against a peer measured at 0%: {verdict}"

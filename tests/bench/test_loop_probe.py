@@ -1,0 +1,82 @@
+"""The loop-lag probe of ``make bench`` (bench/loop_probe.py): how late each wake-up of its timer
+was, summed up as a histogram whose percentiles and counts the stall goal reads, and dumped to
+a file per request. The arithmetic is checked on made-up lateness, never on a clock."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+from loop_probe import LagHistogram, Probe, ProbedLoopPolicy
+
+
+def histogram_of(*late_ms: float) -> LagHistogram:
+    histogram = LagHistogram(resolution_ms=0.1)
+    for ms in late_ms:
+        histogram.record(ms / 1000)
+    return histogram
+
+
+def test_the_maximum_is_exact_and_percentiles_are_bucket_upper_edges() -> None:
+    histogram = histogram_of(*[0.25] * 98, 3.04, 17.321)
+    assert histogram.max_ms == pytest.approx(17.321), "the longest stall must not be rounded"
+    assert histogram.percentile(50) == pytest.approx(0.3), "0.25 ms lies in the 0.2-0.3 bucket"
+    assert histogram.percentile(99) == pytest.approx(3.1), "the 99th of 100 is the 3.04 ms one"
+    assert histogram.percentile(100) == pytest.approx(17.321), "no edge above the maximum"
+
+
+def test_an_early_wake_up_counts_as_on_time() -> None:
+    histogram = histogram_of(-0.002, 1.0)
+    assert histogram.count == 2
+    assert histogram.percentile(50) == pytest.approx(0.1), "an early wake-up is 0 ms late"
+    assert histogram.total_ms == pytest.approx(1.0), "an early wake-up added negative lateness"
+
+
+def test_at_least_counts_the_wake_ups_as_late_as_the_threshold_or_later() -> None:
+    histogram = histogram_of(0.5, 4.99, 5.0, 9.7, 10.05, 25.0)
+    assert histogram.at_least(5) == 4, "5.0, 9.7, 10.05 and 25 ms are at least 5 ms; 4.99 is not"
+    assert histogram.at_least(10) == 2
+    assert histogram.at_least(20) == 1
+    assert histogram.summary()["at_least_ms"] == {"1": 5, "5": 4, "10": 2, "20": 1}
+
+
+def test_a_summary_of_no_wake_up_has_no_numbers_rather_than_zeros() -> None:
+    summary = LagHistogram().summary()
+    assert summary["wakeups"] == 0
+    assert (summary["p99_ms"], summary["max_ms"]) == (None, None), summary
+
+
+def test_each_dump_holds_the_wake_ups_since_the_last_and_a_newer_sequence(tmp_path: Path) -> None:
+    target = tmp_path / "lag.json"
+    probe = Probe(target)
+    for ms in (1.0, 2.0, 30.0):
+        probe.histogram.record(ms / 1000)
+    probe.dump()
+    first = json.loads(target.read_text())
+    probe.histogram.record(0.004)
+    probe.dump()
+    second = json.loads(target.read_text())
+    assert (first["seq"], first["wakeups"], first["max_ms"]) == (1, 3, pytest.approx(30.0))
+    assert (second["seq"], second["wakeups"], second["max_ms"]) == (2, 1, pytest.approx(4.0)), (
+        "a dump must start a new distribution: the 30 ms stall belongs to the first window"
+    )
+    assert not list(tmp_path.glob("*.tmp")), "the dump is written atomically, no leftovers"
+
+
+def test_the_policy_starts_the_probe_on_the_first_loop_only() -> None:
+    started: list[asyncio.AbstractEventLoop] = []
+    policy = ProbedLoopPolicy(started.append)
+    first, second = policy.new_event_loop(), policy.new_event_loop()
+    try:
+        first.run_until_complete(asyncio.sleep(0))
+        second.run_until_complete(asyncio.sleep(0))
+    finally:
+        first.close()
+        second.close()
+    assert started == [first], "the probe must run on the CLI's loop, and only there"
