@@ -123,7 +123,10 @@ class Probe:
 
 
 class ProbedLoopPolicy(asyncio.DefaultEventLoopPolicy):
-    """The default policy, except that the first loop it makes starts ``start`` on itself."""
+    """The default policy, except that the first loop it makes starts ``start`` on itself.
+
+    ``asyncio.run`` asks the policy for its loop up to Python 3.15; where policies are gone
+    (3.16), the same start belongs in a ``loop_factory``, which would need the CLI to take one."""
 
     def __init__(self, start: Callable[[asyncio.AbstractEventLoop], None]) -> None:
         super().__init__()
