@@ -423,10 +423,11 @@ def read_lag(proc: Proc, path: Path, previous_seq: int) -> dict[str, Any]:
     raise RuntimeError("the loop-lag probe did not answer")
 
 
-def measure_stall(shape: str, seconds: float) -> dict[str, Any]:
+def measure_stall(shape: str, seconds: float, warmup_s: float = STALL_WARMUP_S) -> dict[str, Any]:
     """The exporter under the loop-lag probe (loop_probe.py), scraped once a second as Prometheus
     scrapes (OpenMetrics, gzip, one kept connection) for ``seconds``: how late the probe's 10 ms
-    timer woke, and how long the scrapes took, over that window (the start excluded)."""
+    timer woke, and how long the scrapes took, over that window (the first ``warmup_s`` after
+    ``/readyz`` excluded)."""
     _, scenario = SHAPES[shape]
     with tempfile.TemporaryDirectory(prefix=f"bench-stall-{shape}-") as tmp:
         work = Path(tmp)
@@ -437,7 +438,7 @@ def measure_stall(shape: str, seconds: float) -> dict[str, Any]:
         proc = start_exporter(command, {LAG_ENV: str(lag_file)})
         try:
             wait_ready(proc)
-            time.sleep(STALL_WARMUP_S)
+            time.sleep(warmup_s)
             start = read_lag(proc, lag_file, 0)  # discards the start's wake-ups
             client = Http(proc.port)
             scrapes: list[float] = []

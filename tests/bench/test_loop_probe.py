@@ -1,6 +1,7 @@
 """The loop-lag probe of ``make bench`` (bench/loop_probe.py): how late each wake-up of its timer
 was, summed up as a histogram whose percentiles and counts the stall goal reads, and dumped to
-a file per request. The arithmetic is checked on made-up lateness, never on a clock."""
+a file per request. The arithmetic is checked on made-up lateness, never on a clock; the stall
+cell runs once, briefly, against the real exporter, so the launcher cannot rot."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 from loop_probe import LagHistogram, Probe, ProbedLoopPolicy
+from run import measure_stall
 
 
 def histogram_of(*late_ms: float) -> LagHistogram:
@@ -80,3 +82,11 @@ def test_the_policy_starts_the_probe_on_the_first_loop_only() -> None:
         first.close()
         second.close()
     assert started == [first], "the probe must run on the CLI's loop, and only there"
+
+
+def test_the_stall_cell_probes_the_real_exporters_loop_while_it_is_scraped() -> None:
+    stall = measure_stall("gpu8", seconds=1.5, warmup_s=0)
+    lag, scrapes = stall["loop_lag"], stall["scrapes"]
+    assert lag["wakeups"] > 0, f"the probe never woke on the exporter's loop: {stall}"
+    assert 0 <= lag["p50_ms"] <= lag["p99_ms"] <= lag["max_ms"], lag
+    assert scrapes["count"] >= 1, f"the cell scraped nothing: {stall}"
