@@ -82,6 +82,16 @@ def _drain(proc: Proc) -> None:
                 proc.listening.set()
 
 
+# The environment the image and the DaemonSet give gpu-exporter (Dockerfile, deploy/daemonset.yaml),
+# so its RSS here is the RSS it has there; the peers run as their own packages ship them.
+DEPLOYED_ENV = {"MALLOC_ARENA_MAX": "2"}
+
+
+def start_gpu_exporter(command: list[str], env: dict[str, str] | None = None) -> Proc:
+    """:func:`start_exporter` for gpu-exporter itself, with its deployed environment."""
+    return start_exporter(command, {**DEPLOYED_ENV, **(env or {})})
+
+
 def start_exporter(command: list[str], env: dict[str, str] | None = None) -> Proc:
     started = time.perf_counter()
     popen = subprocess.Popen(

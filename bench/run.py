@@ -48,7 +48,7 @@ from harness import (
     log,
     proc_cpu_seconds,
     proc_status_kib,
-    start_exporter,
+    start_gpu_exporter,
     wait_ready,
 )
 from loadgen import LoadResult, median_cell, percentile, pick_generator, run_load
@@ -142,7 +142,7 @@ def start_baseline(kind: str, exposition: Path) -> Proc:
 def measure_ready(scenario: Path, work: Path, runs: int) -> dict[str, Any]:
     times = []
     for _ in range(runs):
-        proc = start_exporter(
+        proc = start_gpu_exporter(
             [sys.executable, "-m", "gpu_exporter", *exporter_args(scenario, work)]
         )
         try:
@@ -336,7 +336,7 @@ def bench_shape(
 
         meter = work / "sim-meter.json"
         command = [sys.executable, str(BENCH / "exporter_main.py"), *exporter_args(scenario, work)]
-        exporter = start_exporter(command, {"BENCH_SIM_METER": str(meter)})
+        exporter = start_gpu_exporter(command, {"BENCH_SIM_METER": str(meter)})
         baselines: list[Proc] = []
         try:
             wait_ready(exporter)
@@ -373,7 +373,7 @@ def bench_shape(
                 paused_work = work / "paused"
                 (paused_work / "state").mkdir(parents=True)
                 (paused_work / "kmsg").touch()
-                paused = start_exporter(
+                paused = start_gpu_exporter(
                     [
                         sys.executable,
                         "-m",
@@ -435,7 +435,7 @@ def measure_stall(shape: str, seconds: float, warmup_s: float = STALL_WARMUP_S) 
         (work / "kmsg").touch()
         lag_file = work / "loop-lag.json"
         command = [sys.executable, str(BENCH / "loop_probe.py"), *exporter_args(scenario, work)]
-        proc = start_exporter(command, {LAG_ENV: str(lag_file)})
+        proc = start_gpu_exporter(command, {LAG_ENV: str(lag_file)})
         try:
             wait_ready(proc)
             time.sleep(warmup_s)

@@ -61,7 +61,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import harness
-from harness import BENCH, ROOT, Proc, proc_status_kib, start_exporter, wait_ready
+from harness import BENCH, ROOT, Proc, proc_status_kib, start_gpu_exporter, wait_ready
 from loadgen import percentile
 
 SCENARIO = BENCH / "scenarios" / "soak.yaml"
@@ -949,7 +949,7 @@ def main(argv: list[str] | None = None) -> int:
         pki = Pki(work / "web") if params.tls else None
         extra = [f"--web.config.file={pki.web_config}"] if pki is not None else []
         args_ = harness.exporter_args(SCENARIO, work, extra)
-        proc = start_exporter([sys.executable, "-m", "gpu_exporter", *args_])
+        proc = start_gpu_exporter([sys.executable, "-m", "gpu_exporter", *args_])
         try:
             wait_ready(proc, pki.context if pki is not None else None)
             log(f"exporter pid {proc.pid} on port {proc.port}; {params.duration:.0f} s of soak")

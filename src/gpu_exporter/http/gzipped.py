@@ -3,8 +3,8 @@
 A render's gzip body is built on the first gzip scrape after the render (no scraper asking for
 gzip, no compression). ``zlib`` releases the GIL while it deflates, so building it on a thread
 keeps the loop answering other scrapes meanwhile (on ``gpu8``, ~140 KiB: about 0.6 ms, on
-``mig56`` ~380 KiB: about 1.5 ms, time the loop used to stand still for); scrapes that arrive
-while it is built wait for the same body instead of compressing it again.
+``mig56`` ~380 KiB: about 1.5 ms, that the loop would otherwise stand still for); scrapes that
+arrive while it is built wait for the same body instead of compressing it again.
 """
 
 from __future__ import annotations
