@@ -23,15 +23,16 @@ run: $(STAMP)
 		exec $(BIN)/gpu-exporter --simulate $(ARGS); \
 	fi
 
-## system-deps: Prometheus and Alertmanager binaries for the rule and end-to-end tests, and
-## Chromium for the status page's browser test
+## system-deps: Prometheus and Alertmanager binaries for the rule and end-to-end tests,
+## Chromium for the status page's browser test, Slurm and munge for the one-node Slurm cluster
 system-deps:
-	@if command -v promtool >/dev/null && command -v amtool >/dev/null && command -v chromium >/dev/null; then exit 0; fi; \
+	@if command -v promtool >/dev/null && command -v amtool >/dev/null && command -v chromium >/dev/null \
+		&& command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v munged >/dev/null; then exit 0; fi; \
 	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-			prometheus prometheus-alertmanager chromium >/dev/null; \
+			prometheus prometheus-alertmanager chromium slurm-wlm munge >/dev/null; \
 	else \
-		echo "warning: promtool/amtool/chromium missing (apt-get install prometheus prometheus-alertmanager chromium);" \
+		echo "warning: promtool/amtool/chromium/slurmctld/munged missing (apt-get install prometheus prometheus-alertmanager chromium slurm-wlm munge);" \
 		     "tests that need them are skipped (they fail under CI=true)"; \
 	fi
 

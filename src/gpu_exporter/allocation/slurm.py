@@ -1,0 +1,511 @@
+"""Which GPUs each Slurm job on this node holds, from Slurm's own answer (docs/slurm.md).
+
+Two forms of the same answer are parsed:
+
+- the text of ``scontrol show job -d``, which every Slurm version prints: one record per job,
+  and in it one ``Nodes=<hostlist> CPU_IDs=... Mem=... GRES=gpu:2(IDX:0-1)`` line per group of
+  nodes with the same allocation;
+- the JSON job list of ``scontrol show job -d --json`` (Slurm 23.02 and later) or ``squeue
+  --json`` (21.08 and later; 22.05 has no ``scontrol --json``), where ``gres_detail[i]`` is the
+  ``gpu:2(IDX:0-1)`` string of the job's i-th allocated node.
+
+Slurm's ``IDX`` (and ``SLURM_JOB_GPUS``) is a position in the node's GRES device list (gres.conf
+order, by device file), not a device minor nor an NVML index: with gres.conf naming
+``/dev/nvidia[3,5,6]``, the GPU behind ``nvidia5`` is ``IDX:1``. :func:`resolve` turns it into
+devices. A job holds GPUs while it runs, is suspended (an idle allocation) or completes (its
+epilog still runs); a finished job stays in the list for ``MinJobAge`` with an empty ``GRES=``,
+and is not a holder.
+
+Each array task and each heterogeneous-job component is its own job record with its own raw
+job id (``JobId=``): that id is what ``SLURM_JOB_ID``, the ``job_<id>`` cgroup and
+prolog-written mapping files name, so it is the holder's id; ``array`` (``5_1``) and ``het``
+(``9+1``) keep the names users see.
+
+Running ``scontrol`` blocks: :class:`SlurmReader` runs it with a timeout and a bound on its
+output, on a worker thread.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import tempfile
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from ..devices import DeviceId
+
+# Job states in which a job holds its GPUs (squeue(1), JOB STATE CODES).
+HOLDING_STATES = frozenset({"RUNNING", "SUSPENDED", "COMPLETING"})
+MAX_OUTPUT_BYTES = 32 * 1024 * 1024  # a whole cluster's job list, every poll: bounded
+MAX_HOSTLIST_NAMES = 1 << 16
+
+# Skip reasons (JobGpus.skipped): jobs on this node whose GPUs could not be read.
+BAD_GRES = "bad_gres"  # a GRES string naming GPUs without readable indices
+BAD_RECORD = "bad_record"  # a record without a job id, or a JSON job that is not an object
+NODES_MISMATCH = "nodes_mismatch"  # JSON: gres_detail does not line up with the job's nodes
+
+# One GPU entry of a GRES string: gpu[:type]:count(IDX:list), e.g. gpu:a100:2(IDX:0-1).
+_GPU_GRES = re.compile(r"(?:^|,)gpu(?::[^:(),]+)?:(?P<count>\d+)\((?P<idx>[^)]*)\)")
+_IDX = re.compile(r"IDX:(?P<list>[0-9,\-]*)")
+_RANGE = re.compile(r"(?P<lo>\d+)(?:-(?P<hi>\d+))?")
+
+
+class SlurmError(Exception):
+    """Slurm could not say (controller unreachable, command missing, timeout, unreadable)."""
+
+
+class GpuOrder(Enum):
+    """What a job's GPU numbers count."""
+
+    GRES = "gres"  # Slurm's IDX: the position in the node's GRES device list
+    NVML = "nvml"  # the NVML (DCGM) index: dcgm-exporter's mapping-file names
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    """One job holding GPUs on this node."""
+
+    job_id: str  # the raw id (SLURM_JOB_ID)
+    gpus: tuple[int, ...]  # sorted, in the JobGpus' order
+    user: str = ""
+    account: str = ""
+    partition: str = ""
+    array: str = ""  # "<array job id>_<task id>" for an array task
+    het: str = ""  # "<het job id>+<offset>" for a heterogeneous-job component
+
+
+@dataclass(frozen=True)
+class JobGpus:
+    """The jobs holding GPUs on this node, from one source at one moment."""
+
+    jobs: tuple[SlurmJob, ...] = ()  # sorted by job id
+    order: GpuOrder = GpuOrder.GRES
+    skipped: tuple[tuple[str, int], ...] = ()  # (reason, count) of what could not be read
+
+    def holders(self, gpu: int) -> tuple[SlurmJob, ...]:
+        """The jobs holding GPU number ``gpu`` (several only on a shared GPU)."""
+        return tuple(job for job in self.jobs if gpu in job.gpus)
+
+    def by_gpu(self) -> dict[int, tuple[str, ...]]:
+        """GPU number -> the ids of the jobs holding it."""
+        held: dict[int, list[str]] = {}
+        for job in self.jobs:
+            for gpu in job.gpus:
+                held.setdefault(gpu, []).append(job.job_id)
+        return {gpu: tuple(ids) for gpu, ids in sorted(held.items())}
+
+    def skips(self) -> dict[str, int]:
+        return dict(self.skipped)
+
+
+def job_gpus(
+    jobs: Iterable[SlurmJob], order: GpuOrder, skipped: Mapping[str, int] | None = None
+) -> JobGpus:
+    """A :class:`JobGpus` in canonical order (equal answers compare equal)."""
+    ordered = sorted(jobs, key=lambda j: (_id_key(j.job_id), j.job_id))
+    return JobGpus(tuple(ordered), order, tuple(sorted((skipped or {}).items())))
+
+
+def _id_key(job_id: str) -> tuple[int, int]:
+    return (0, int(job_id)) if job_id.isdigit() else (1, 0)
+
+
+# -- the text form --------------------------------------------------------------------------
+
+
+def parse_scontrol_text(text: str, node: str) -> JobGpus:
+    """``scontrol show job -d`` output -> the jobs holding GPUs on ``node``."""
+    jobs: list[SlurmJob] = []
+    skipped: Counter[str] = Counter()
+    for record in _records(text):
+        found = _text_job(record, node, skipped)
+        if found is not None:
+            jobs.append(found)
+    return job_gpus(jobs, GpuOrder.GRES, skipped)
+
+
+def _records(text: str) -> Iterator[list[str]]:
+    """Each job's lines: a record starts at an unindented ``JobId=`` line."""
+    record: list[str] = []
+    for line in text.splitlines():
+        if line.startswith("JobId="):
+            if record:
+                yield record
+            record = [line]
+        elif record:
+            record.append(line)
+    if record:
+        yield record
+
+
+def _field(lines: Sequence[str], key: str) -> str | None:
+    """The value of ``key=`` on the record's first line that has it (values have no spaces,
+    except the free-text fields this never reads)."""
+    pattern = re.compile(rf"(?:^|\s){re.escape(key)}=(\S*)")
+    for line in lines:
+        match = pattern.search(line)
+        if match is not None:
+            return match.group(1)
+    return None
+
+
+def _text_job(record: list[str], node: str, skipped: Counter[str]) -> SlurmJob | None:
+    job_id = _field(record[:1], "JobId")
+    if not job_id or not job_id.isdigit():
+        skipped[BAD_RECORD] += 1
+        return None
+    state = _field(record, "JobState") or ""
+    if state not in HOLDING_STATES:
+        return None
+    gpus: set[int] = set()
+    for line in record:
+        nodes, gres = _field([line], "Nodes"), _field([line], "GRES")
+        if nodes is None or gres is None or "CPU_IDs=" not in line:
+            continue  # not a per-node allocation line
+        if not hostlist_contains(nodes, node):
+            continue
+        indices = parse_gpu_gres(gres)
+        if indices is None:
+            skipped[BAD_GRES] += 1
+            return None
+        gpus.update(indices)
+    if not gpus:
+        return None  # elsewhere, or no GPUs here
+    array_id, task = _field(record[:1], "ArrayJobId"), _field(record[:1], "ArrayTaskId")
+    het_id, offset = _field(record[:1], "HetJobId"), _field(record[:1], "HetJobOffset")
+    return SlurmJob(
+        job_id=job_id,
+        gpus=tuple(sorted(gpus)),
+        user=_name(_field(record, "UserId")),
+        account=_name(_field(record, "Account")),
+        partition=_name(_field(record, "Partition")),
+        array=f"{array_id}_{task}" if array_id and task else "",
+        het=f"{het_id}+{offset}" if het_id and offset else "",
+    )
+
+
+def _name(value: str | None) -> str:
+    """``root(0)`` -> ``root``; Slurm's ``(null)`` -> empty."""
+    if not value or value == "(null)":
+        return ""
+    return value.split("(", 1)[0]
+
+
+# -- the JSON form --------------------------------------------------------------------------
+
+
+def parse_jobs_json(text: str, node: str) -> JobGpus:
+    """The JSON job list (``scontrol show job -d --json`` or ``squeue --json``) -> the jobs
+    holding GPUs on ``node``. Both the 0.0.38 plugin's plain values (22.05) and data_parser's
+    ``{"set": ..., "number": ...}`` numbers and state lists (23.02 and later) are read."""
+    try:
+        document = json.loads(text)
+    except ValueError as exc:
+        raise SlurmError(f"Slurm's JSON is not JSON: {exc}") from None
+    if not isinstance(document, dict) or not isinstance(document.get("jobs"), list):
+        errors = document.get("errors") if isinstance(document, dict) else None
+        raise SlurmError(f"Slurm's JSON has no job list (errors: {errors!r:.200})")
+    jobs: list[SlurmJob] = []
+    skipped: Counter[str] = Counter()
+    for entry in document["jobs"]:
+        if not isinstance(entry, dict):
+            skipped[BAD_RECORD] += 1
+            continue
+        found = _json_job(entry, node, skipped)
+        if found is not None:
+            jobs.append(found)
+    return job_gpus(jobs, GpuOrder.GRES, skipped)
+
+
+def _json_job(entry: dict[str, Any], node: str, skipped: Counter[str]) -> SlurmJob | None:
+    job_id = _number(entry.get("job_id"))
+    if job_id is None:
+        skipped[BAD_RECORD] += 1
+        return None
+    state = entry.get("job_state")
+    states = set(state) if isinstance(state, list) else {state}
+    if not states & HOLDING_STATES:
+        return None
+    details = entry.get("gres_detail") or []
+    names = _allocated_nodes(entry)
+    if not isinstance(details, list) or len(details) != len(names):
+        if details:
+            skipped[NODES_MISMATCH] += 1
+        return None
+    gpus: set[int] = set()
+    for name, detail in zip(names, details, strict=True):
+        if name != node:
+            continue
+        indices = parse_gpu_gres(detail) if isinstance(detail, str) else None
+        if indices is None:
+            skipped[BAD_GRES] += 1
+            return None
+        gpus.update(indices)
+    if not gpus:
+        return None
+    array_id, task = _number(entry.get("array_job_id")), _number(entry.get("array_task_id"))
+    het_id, offset = _number(entry.get("het_job_id")), _number(entry.get("het_job_offset"))
+    return SlurmJob(
+        job_id=str(job_id),
+        gpus=tuple(sorted(gpus)),
+        user=_text(entry.get("user_name")),
+        account=_text(entry.get("account")),
+        partition=_text(entry.get("partition")),
+        array=f"{array_id}_{task}" if array_id and task is not None else "",
+        het=f"{het_id}+{offset}" if het_id and offset is not None else "",
+    )
+
+
+def _allocated_nodes(entry: dict[str, Any]) -> list[str]:
+    """The job's nodes in allocation order: 0.0.38's ``allocated_nodes[].nodename``, or
+    data_parser's ``nodes.allocation[].name``."""
+    resources = entry.get("job_resources")
+    if not isinstance(resources, dict):
+        return []
+    listed = resources.get("allocated_nodes")
+    key = "nodename"
+    if not isinstance(listed, list):
+        nodes = resources.get("nodes")
+        listed = nodes.get("allocation") if isinstance(nodes, dict) else None
+        key = "name"
+    if not isinstance(listed, list):
+        return []
+    return [_text(n.get(key)) if isinstance(n, dict) else "" for n in listed]
+
+
+def _number(value: object) -> int | None:
+    """A plain int, or data_parser's ``{"set": true, "number": n}``; None when unset."""
+    if isinstance(value, dict):
+        if not value.get("set", False) or value.get("infinite", False):
+            return None
+        value = value.get("number")
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    return value
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else ""
+
+
+# -- shared pieces --------------------------------------------------------------------------
+
+
+def parse_gpu_gres(gres: str) -> tuple[int, ...] | None:
+    """The GPU indices of one node's GRES string (``gpu:2(IDX:0-1)``, several types joined by
+    commas, other GRES ignored): () when it holds no GPU, None when a GPU entry has no readable
+    index list or its count disagrees with it."""
+    if gres in ("", "(null)"):
+        return ()
+    found: list[int] = []
+    for entry in _GPU_GRES.finditer(gres):
+        idx = _IDX.search(entry["idx"])
+        indices = parse_index_list(idx["list"]) if idx is not None else None
+        if indices is None or len(indices) != int(entry["count"]):
+            return None
+        found.extend(indices)
+    if not found and re.search(r"(?:^|,)gpu[:(]", gres):
+        return None  # a GPU entry this cannot read: say so rather than report no GPUs
+    return tuple(sorted(set(found)))
+
+
+def parse_index_list(text: str, limit: int = 4096) -> tuple[int, ...] | None:
+    """``0-1,4`` -> (0, 1, 4); None when malformed, descending or over ``limit`` indices."""
+    indices: list[int] = []
+    for part in text.split(","):
+        match = _RANGE.fullmatch(part)
+        if match is None:
+            return None
+        lo = int(match["lo"])
+        hi = int(match["hi"]) if match["hi"] is not None else lo
+        if hi < lo or len(indices) + hi - lo + 1 > limit:
+            return None
+        indices.extend(range(lo, hi + 1))
+    return tuple(indices)
+
+
+def hostlist_contains(expression: str, name: str) -> bool:
+    """Whether Slurm's hostlist ``expression`` (``gpu[01-04,07],login1``) names ``name``."""
+    return any(_piece_contains(piece, name) for piece in _split_hostlist(expression))
+
+
+def _split_hostlist(expression: str) -> Iterator[str]:
+    depth, start = 0, 0
+    for i, char in enumerate(expression):
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            yield expression[start:i]
+            start = i + 1
+    yield expression[start:]
+
+
+def _piece_contains(piece: str, name: str) -> bool:
+    if "[" not in piece:
+        return piece == name
+    pattern, ranges = "", []
+    for literal, group in re.findall(r"([^\[]*)(?:\[([^\]]*)\])?", piece):
+        pattern += re.escape(literal)
+        if group:
+            pattern += r"(\d+)"
+            ranges.append(group)
+    match = re.fullmatch(pattern, name)
+    if match is None:
+        return False
+    return all(_in_ranges(d, g) for d, g in zip(match.groups(), ranges, strict=True))
+
+
+def _in_ranges(digits: str, group: str) -> bool:
+    """``07`` against ``01-04,07``: the number in a range, zero-padded as the range is."""
+    for part in group.split(","):
+        lo, _, hi = part.partition("-")
+        hi = hi or lo
+        if not (lo.isdigit() and hi.isdigit()):
+            continue
+        padded = lo.startswith("0") and len(lo) > 1
+        if padded and len(digits) != len(lo):
+            continue
+        if not padded and digits != str(int(digits)):
+            continue
+        if int(lo) <= int(digits) <= int(hi):
+            return True
+    return False
+
+
+# -- devices --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class JobHolding:
+    """One job holding one device."""
+
+    device: DeviceId
+    job: SlurmJob
+
+
+@dataclass(frozen=True)
+class ResolvedJobs:
+    holdings: tuple[JobHolding, ...] = ()
+    unresolved: tuple[tuple[str, int], ...] = field(default=())  # (job id, GPU number)
+
+
+def gres_order(gpus: Sequence[DeviceId]) -> list[DeviceId]:
+    """Whole GPUs in Slurm's GRES order: by device minor (gres.conf and ``AutoDetect=nvml``
+    name ``/dev/nvidia<minor>``), by NVML index when NVML does not tell a minor."""
+    whole = [g for g in gpus if not g.is_mig]
+    if any(g.minor is None for g in whole):
+        return sorted(whole, key=lambda g: g.index)
+    return sorted(whole, key=lambda g: (g.minor or 0, g.index))
+
+
+def resolve(found: JobGpus, gpus: Sequence[DeviceId]) -> ResolvedJobs:
+    """Each job's GPU numbers -> devices (whole GPUs: Slurm's MIG GRES is not read here).
+
+    GRES numbers are positions in :func:`gres_order`, which assumes gres.conf lists every GPU
+    of the node; NVML numbers are NVML indices. A number matching no GPU is unresolved."""
+    if found.order is GpuOrder.GRES:
+        by_number = dict(enumerate(gres_order(gpus)))
+    else:
+        by_number = {g.index: g for g in gpus if not g.is_mig}
+    holdings: list[JobHolding] = []
+    unresolved: list[tuple[str, int]] = []
+    for job in found.jobs:
+        for number in job.gpus:
+            device = by_number.get(number)
+            if device is None:
+                unresolved.append((job.job_id, number))
+            else:
+                holdings.append(JobHolding(device, job))
+    return ResolvedJobs(tuple(holdings), tuple(unresolved))
+
+
+# -- running Slurm's commands ---------------------------------------------------------------
+
+
+class SlurmForm(Enum):
+    TEXT = "text"  # scontrol show job -d
+    JSON = "json"  # the JSON command (scontrol show job -d --json, or squeue --json)
+    AUTO = "auto"  # JSON, and the text form for good once the JSON command is refused
+
+
+TEXT_COMMAND = ("scontrol", "show", "job", "-d")
+JSON_COMMAND = ("scontrol", "show", "job", "-d", "--json")
+
+
+class SlurmReader:
+    """Asks Slurm which jobs hold GPUs on ``node`` (blocking: call :meth:`read` on a worker
+    thread). ``node`` is this node's Slurm NodeName (slurmd's ``-N``, else the short host
+    name). Every call is bounded by ``timeout`` seconds and :data:`MAX_OUTPUT_BYTES`."""
+
+    def __init__(
+        self,
+        node: str,
+        *,
+        form: SlurmForm = SlurmForm.AUTO,
+        timeout: float = 10.0,
+        text_command: Sequence[str] = TEXT_COMMAND,
+        json_command: Sequence[str] = JSON_COMMAND,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        self._node = node
+        self._form = form
+        self._timeout = timeout
+        self._text_command = tuple(text_command)
+        self._json_command = tuple(json_command)
+        self._env = dict(env) if env is not None else None
+
+    @property
+    def form(self) -> SlurmForm:
+        """The form used now (AUTO becomes TEXT once the JSON command is refused)."""
+        return self._form
+
+    def read(self) -> JobGpus:
+        if self._form is SlurmForm.TEXT:
+            return parse_scontrol_text(self._run(self._text_command), self._node)
+        try:
+            return parse_jobs_json(self._run(self._json_command), self._node)
+        except _Refused:
+            if self._form is not SlurmForm.AUTO:
+                raise SlurmError(f"{' '.join(self._json_command)} is not supported") from None
+            self._form = SlurmForm.TEXT
+            return parse_scontrol_text(self._run(self._text_command), self._node)
+
+    def _run(self, argv: Sequence[str]) -> str:
+        """Run ``argv``; its output goes to an unlinked temporary file, so what is read into
+        memory is bounded whatever the command prints."""
+        command = " ".join(argv)
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+            try:
+                done = subprocess.run(
+                    list(argv),
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=err,
+                    timeout=self._timeout,
+                    env=self._env,
+                    check=False,
+                )
+            except subprocess.TimeoutExpired:
+                raise SlurmError(f"{command} timed out after {self._timeout:g}s") from None
+            except OSError as exc:
+                raise SlurmError(f"{command} could not run: {exc.strerror or exc}") from None
+            err.seek(0)
+            stderr = err.read(4096).decode("utf-8", "replace").strip()
+            if done.returncode != 0:
+                if "unrecognized option" in stderr or "invalid option" in stderr:
+                    raise _Refused(stderr)
+                first = stderr.splitlines()[-1] if stderr else f"exit status {done.returncode}"
+                raise SlurmError(f"{command} failed: {first[:300]}")
+            if os.fstat(out.fileno()).st_size > MAX_OUTPUT_BYTES:
+                raise SlurmError(f"{command} printed over {MAX_OUTPUT_BYTES} bytes")
+            out.seek(0)
+            return out.read().decode("utf-8", "replace")
+
+
+class _Refused(SlurmError):
+    """The command does not know an option (``--json`` before Slurm 23.02)."""

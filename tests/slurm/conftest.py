@@ -1,0 +1,30 @@
+"""The one-node Slurm cluster (:mod:`.cluster`), started once for the Slurm tests."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import require_binary
+
+from .cluster import BINARIES, SlurmCluster, slurm_cluster
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "deploy" / "slurm"
+
+
+@pytest.fixture(scope="session")
+def slurm_session() -> Iterator[SlurmCluster]:
+    for binary in BINARIES:
+        require_binary(binary)  # skip locally, fail under CI=true
+    with slurm_cluster(SCRIPTS) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def slurm(slurm_session: SlurmCluster) -> Iterator[SlurmCluster]:
+    """The cluster with no job in it when the test starts and after it ends."""
+    slurm_session.cancel_all()
+    yield slurm_session
+    slurm_session.cancel_all()

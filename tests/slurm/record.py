@@ -1,0 +1,50 @@
+"""Record what Slurm prints about jobs holding GPUs, for the parser's tests (tests/slurm/data).
+
+    python -m tests.slurm.record
+
+starts the test cluster (:mod:`.cluster`), submits the jobs below, and writes
+``scontrol show job -d`` and ``squeue --json`` as they stand once every job is where it should
+be. Review the diff: job ids, times and paths change from run to run, the shapes must not.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .cluster import SlurmCluster, slurm_cluster, wait_until
+
+DATA = Path(__file__).resolve().parent / "data"
+SCRIPTS = Path(__file__).resolve().parents[2] / "deploy" / "slurm"
+
+
+def submit_all(cluster: SlurmCluster) -> dict[str, str]:
+    """The jobs of the recording, by role."""
+    jobs = {
+        "array": cluster.submit("-J", "arr", "--array=0-1", "--gres=gpu:1", "--account=bio"),
+        "two_gpus": cluster.submit("-J", "two", "--gres=gpu:2", "--account=physics"),
+        "finished": cluster.submit(
+            "-J", "short", "--gres=gpu:1", "--account=chem", "-p", "debug", command="true"
+        ),
+        "cpu_only": cluster.submit("-J", "cpu", "--account=cpu"),
+    }
+    cluster.wait_for_state(jobs["two_gpus"], "RUNNING")
+    cluster.wait_for_state(jobs["finished"], "COMPLETED")
+    cluster.wait_for_state(jobs["cpu_only"], "RUNNING")
+    # Components of one heterogeneous job may not share a node: on one node it stays pending.
+    jobs["het"] = cluster.submit(
+        "-J", "het", "--account=phys", "--gres=gpu:1", ":", "-p", "debug", "--gres=gpu:1"
+    )
+    wait_until(lambda: "HetJobOffset=1" in cluster.run("scontrol", "show", "job"), "het job")
+    return jobs
+
+
+def main() -> None:
+    with slurm_cluster(SCRIPTS) as cluster:
+        jobs = submit_all(cluster)
+        (DATA / "scontrol-show-job-d.txt").write_text(cluster.run("scontrol", "show", "job", "-d"))
+        (DATA / "squeue-json.json").write_text(cluster.run("squeue", "--json"))
+        print("recorded jobs:", jobs)
+
+
+if __name__ == "__main__":
+    main()
