@@ -20,6 +20,12 @@ from gpu_exporter.allocation.jobprocs import (
         # cgroup v2, slurmd's own scope (Slurm 22.05 and later)
         ("0::/system.slice/slurmstepd.scope/job_4242/step_0/user/task_0\n", "4242"),
         ("0::/system.slice/slurmstepd.scope/job_7/step_batch/user/task_special\n", "7"),
+        # cgroup v1, recorded from a job step on the test cluster with proctrack/cgroup
+        # (Debian's build names the root slurm_<node>)
+        (
+            "7:blkio:/\n6:freezer:/slurm_gpunode1/uid_0/job_2/step_0\n5:devices:/\n0::/\n",
+            "2",
+        ),
         # cgroup v1: every controller hierarchy under /slurm/uid_<uid>/job_<id>/
         (
             "12:memory:/slurm/uid_1000/job_99/step_extern/task_0\n"
