@@ -16,9 +16,10 @@ from gpu_exporter.allocation.jobmap import (
     TOO_LARGE,
     TOO_MANY_FILES,
     JobMapError,
+    JobMapReader,
     read_job_map,
 )
-from gpu_exporter.allocation.slurm import GpuOrder, SlurmJob
+from gpu_exporter.allocation.slurm import GpuOrder, JobSource, SlurmError, SlurmJob
 
 
 def write(directory: Path, name: str, text: str) -> None:
@@ -48,6 +49,14 @@ def test_an_empty_directory_is_no_jobs(tmp_path: Path) -> None:
 def test_a_missing_directory_is_an_error_naming_it(tmp_path: Path) -> None:
     with pytest.raises(JobMapError, match=str(tmp_path / "absent")):
         read_job_map(tmp_path / "absent")
+
+
+def test_the_reader_is_a_job_source_failing_as_slurm_sources_do(tmp_path: Path) -> None:
+    write(tmp_path, "4", "17\n")
+    source: JobSource = JobMapReader(tmp_path)
+    assert source.read() == read_job_map(tmp_path)
+    with pytest.raises(SlurmError):
+        JobMapReader(tmp_path / "absent").read()
 
 
 @pytest.mark.parametrize("name", ["gpu0", "-1", "01", ".0.17", "0.1", "GPU-8e1d", "٣", "99999"])

@@ -11,6 +11,7 @@ from gpu_exporter.allocation.jobprocs import (
     parse_job_cgroup,
     parse_job_environ,
     read_process_job,
+    read_process_jobs,
 )
 
 
@@ -74,3 +75,9 @@ def test_a_process_outside_any_job_or_gone_has_none(tmp_path: Path) -> None:
     fake_process(tmp_path, 12, "0::/\n", b"PATH=/bin\0")
     assert read_process_job(tmp_path, 12) is None
     assert read_process_job(tmp_path, 13) is None
+
+
+def test_a_scan_maps_only_the_pids_that_run_in_a_job(tmp_path: Path) -> None:
+    fake_process(tmp_path, 20, "0::/\n", b"SLURM_JOB_ID=4\0")
+    fake_process(tmp_path, 21, "0::/\n", b"PATH=/bin\0")
+    assert read_process_jobs(tmp_path, [20, 21, 22]) == {20: "4"}

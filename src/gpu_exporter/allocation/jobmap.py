@@ -19,9 +19,10 @@ import os
 import re
 import stat
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
-from .slurm import GpuOrder, JobGpus, SlurmJob, job_gpus
+from .slurm import GpuOrder, JobGpus, SlurmError, SlurmJob, job_gpus
 
 MAX_FILES = 1024
 MAX_FILE_BYTES = 64 * 1024
@@ -40,8 +41,20 @@ _USER = re.compile(r"[A-Za-z0-9_.@-]{1,64}")
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
-class JobMapError(Exception):
+class JobMapError(SlurmError):
     """The mapping directory itself cannot be read (missing, not a directory, no permission)."""
+
+
+@dataclass(frozen=True)
+class JobMapReader:
+    """The mapping directory as a :class:`~.slurm.JobSource` (blocking: a worker thread)."""
+
+    directory: Path
+    max_files: int = MAX_FILES
+    max_bytes: int = MAX_FILE_BYTES
+
+    def read(self) -> JobGpus:
+        return read_job_map(self.directory, max_files=self.max_files, max_bytes=self.max_bytes)
 
 
 def read_job_map(

@@ -14,6 +14,7 @@ Blocking file I/O on ``/proc``: call these on a worker thread.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from pathlib import Path
 
 MAX_ENVIRON_BYTES = 256 * 1024
@@ -56,3 +57,13 @@ def read_process_job(proc_path: Path, pid: int) -> str | None:
     except OSError:
         return None
     return parse_job_environ(data)
+
+
+def read_process_jobs(proc_path: Path, pids: Iterable[int]) -> dict[int, str]:
+    """PID -> job id for the PIDs that run in a job (a GPU scan's processes, say)."""
+    jobs: dict[int, str] = {}
+    for pid in pids:
+        job = read_process_job(proc_path, pid)
+        if job is not None:
+            jobs[pid] = job
+    return jobs

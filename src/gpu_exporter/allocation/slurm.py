@@ -30,13 +30,14 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import subprocess
 import tempfile
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, Protocol
 
 from ..devices import DeviceId
 
@@ -58,6 +59,18 @@ _RANGE = re.compile(r"(?P<lo>\d+)(?:-(?P<hi>\d+))?")
 
 class SlurmError(Exception):
     """Slurm could not say (controller unreachable, command missing, timeout, unreadable)."""
+
+
+class JobSource(Protocol):
+    """What an allocation source polls, on a worker thread: :class:`SlurmReader` or
+    :class:`~.jobmap.JobMapReader`. ``read`` raises :class:`SlurmError` when it cannot say."""
+
+    def read(self) -> JobGpus: ...
+
+
+def local_node_name() -> str:
+    """The short host name: slurmd's NodeName unless it was started with ``-N``."""
+    return socket.gethostname().split(".", 1)[0]
 
 
 class GpuOrder(Enum):
@@ -123,68 +136,57 @@ def parse_scontrol_text(text: str, node: str) -> JobGpus:
     """``scontrol show job -d`` output -> the jobs holding GPUs on ``node``."""
     jobs: list[SlurmJob] = []
     skipped: Counter[str] = Counter()
-    for record in _records(text):
-        found = _text_job(record, node, skipped)
-        if found is not None:
-            jobs.append(found)
+    for record in _RECORD_START.split(text):
+        if record.startswith("JobId="):
+            found = _text_job(record, node, skipped)
+            if found is not None:
+                jobs.append(found)
     return job_gpus(jobs, GpuOrder.GRES, skipped)
 
 
-def _records(text: str) -> Iterator[list[str]]:
-    """Each job's lines: a record starts at an unindented ``JobId=`` line."""
-    record: list[str] = []
-    for line in text.splitlines():
-        if line.startswith("JobId="):
-            if record:
-                yield record
-            record = [line]
-        elif record:
-            record.append(line)
-    if record:
-        yield record
+# A record starts at an unindented "JobId=" line; its values have no spaces except free-text
+# fields (JobName, Comment, Reason...) this never reads. The whole cluster's jobs pass through
+# here every poll, so each record is searched as one block, states first.
+_RECORD_START = re.compile(r"\n(?=JobId=)")
+_KEYS = ("JobId", "ArrayJobId", "ArrayTaskId", "HetJobId", "HetJobOffset")
+_HEAD = {key: re.compile(rf"(?:^|\s){key}=(\S*)") for key in _KEYS}
+_STATE = re.compile(r"\sJobState=(\S+)")
+_FIELDS = {key: re.compile(rf"\s{key}=(\S*)") for key in ("UserId", "Account", "Partition")}
+_NODE_LINE = re.compile(r"^\s+Nodes=(?P<nodes>\S+) (?=.*\bCPU_IDs=).*?\bGRES=(?P<gres>\S*)", re.M)
 
 
-def _field(lines: Sequence[str], key: str) -> str | None:
-    """The value of ``key=`` on the record's first line that has it (values have no spaces,
-    except the free-text fields this never reads)."""
-    pattern = re.compile(rf"(?:^|\s){re.escape(key)}=(\S*)")
-    for line in lines:
-        match = pattern.search(line)
-        if match is not None:
-            return match.group(1)
-    return None
+def _search(pattern: re.Pattern[str], text: str) -> str | None:
+    match = pattern.search(text)
+    return match.group(1) if match is not None else None
 
 
-def _text_job(record: list[str], node: str, skipped: Counter[str]) -> SlurmJob | None:
-    job_id = _field(record[:1], "JobId")
+def _text_job(record: str, node: str, skipped: Counter[str]) -> SlurmJob | None:
+    head = record.split("\n", 1)[0]
+    job_id = _search(_HEAD["JobId"], head)
     if not job_id or not job_id.isdigit():
         skipped[BAD_RECORD] += 1
         return None
-    state = _field(record, "JobState") or ""
-    if state not in HOLDING_STATES:
+    if _search(_STATE, record) not in HOLDING_STATES:
         return None
     gpus: set[int] = set()
-    for line in record:
-        nodes, gres = _field([line], "Nodes"), _field([line], "GRES")
-        if nodes is None or gres is None or "CPU_IDs=" not in line:
-            continue  # not a per-node allocation line
-        if not hostlist_contains(nodes, node):
+    for line in _NODE_LINE.finditer(record):
+        if not hostlist_contains(line["nodes"], node):
             continue
-        indices = parse_gpu_gres(gres)
+        indices = parse_gpu_gres(line["gres"])
         if indices is None:
             skipped[BAD_GRES] += 1
             return None
         gpus.update(indices)
     if not gpus:
         return None  # elsewhere, or no GPUs here
-    array_id, task = _field(record[:1], "ArrayJobId"), _field(record[:1], "ArrayTaskId")
-    het_id, offset = _field(record[:1], "HetJobId"), _field(record[:1], "HetJobOffset")
+    array_id, task = _search(_HEAD["ArrayJobId"], head), _search(_HEAD["ArrayTaskId"], head)
+    het_id, offset = _search(_HEAD["HetJobId"], head), _search(_HEAD["HetJobOffset"], head)
     return SlurmJob(
         job_id=job_id,
         gpus=tuple(sorted(gpus)),
-        user=_name(_field(record, "UserId")),
-        account=_name(_field(record, "Account")),
-        partition=_name(_field(record, "Partition")),
+        user=_name(_search(_FIELDS["UserId"], record)),
+        account=_name(_search(_FIELDS["Account"], record)),
+        partition=_name(_search(_FIELDS["Partition"], record)),
         array=f"{array_id}_{task}" if array_id and task else "",
         het=f"{het_id}+{offset}" if het_id and offset else "",
     )
