@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from gpu_exporter.allocation.jobgpus import GpuOrder, JobSource, SlurmError, SlurmJob
 from gpu_exporter.allocation.jobmap import (
     BAD_LINE,
     BAD_NAME,
@@ -19,7 +20,6 @@ from gpu_exporter.allocation.jobmap import (
     JobMapReader,
     read_job_map,
 )
-from gpu_exporter.allocation.slurm import GpuOrder, JobSource, SlurmError, SlurmJob
 
 
 def write(directory: Path, name: str, text: str) -> None:

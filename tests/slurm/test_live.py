@@ -9,16 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from gpu_exporter.allocation.jobgpus import JobGpus, SlurmError, SlurmJob
 from gpu_exporter.allocation.jobmap import read_job_map
 from gpu_exporter.allocation.jobprocs import read_process_job
-from gpu_exporter.allocation.slurm import (
-    JSON_COMMAND,
-    JobGpus,
-    SlurmError,
-    SlurmForm,
-    SlurmJob,
-    SlurmReader,
-)
+from gpu_exporter.allocation.slurm import JSON_COMMAND, SlurmForm, SlurmReader
 
 from .cluster import NODE, ClusterError, SlurmCluster, free_ports, wait_until
 

@@ -8,22 +8,24 @@ from pathlib import Path
 
 import pytest
 
-from gpu_exporter.allocation.slurm import (
-    BAD_GRES,
-    BAD_RECORD,
-    NODES_MISMATCH,
+from gpu_exporter.allocation.jobgpus import (
     GpuOrder,
     JobGpus,
     SlurmError,
     SlurmJob,
     gres_order,
-    hostlist_contains,
     job_gpus,
+    resolve,
+)
+from gpu_exporter.allocation.slurm import (
+    BAD_GRES,
+    BAD_RECORD,
+    NODES_MISMATCH,
+    hostlist_contains,
     parse_gpu_gres,
     parse_index_list,
     parse_jobs_json,
     parse_scontrol_text,
-    resolve,
 )
 from gpu_exporter.devices import DeviceId
 

@@ -22,7 +22,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from .slurm import GpuOrder, JobGpus, SlurmError, SlurmJob, job_gpus
+from .jobgpus import GpuOrder, JobGpus, SlurmError, SlurmJob, job_gpus
 
 MAX_FILES = 1024
 MAX_FILE_BYTES = 64 * 1024
@@ -47,7 +47,7 @@ class JobMapError(SlurmError):
 
 @dataclass(frozen=True)
 class JobMapReader:
-    """The mapping directory as a :class:`~.slurm.JobSource` (blocking: a worker thread)."""
+    """The mapping directory as a :class:`~.jobgpus.JobSource` (blocking: a worker thread)."""
 
     directory: Path
     max_files: int = MAX_FILES
