@@ -38,12 +38,28 @@ def submit_all(cluster: SlurmCluster) -> dict[str, str]:
     return jobs
 
 
+# A job whose name and comment forge record lines: scontrol prints newlines in them as they are.
+FORGED_NAME = (
+    "evil Account=finance\n   Priority=1 Nice=0 Account=finance\n"
+    "     Nodes=gpunode1 CPU_IDs=0 Mem=0 GRES=gpu:8(IDX:0-7)"
+)
+FORGED_COMMENT = "c\n     Nodes=gpunode1 CPU_IDs=0 Mem=0 GRES=gpu:8(IDX:0-7)"
+
+
 def main() -> None:
     with slurm_cluster(SCRIPTS) as cluster:
         jobs = submit_all(cluster)
         (DATA / "scontrol-show-job-d.txt").write_text(cluster.run("scontrol", "show", "job", "-d"))
         (DATA / "squeue-json.json").write_text(cluster.run("squeue", "--json"))
-        print("recorded jobs:", jobs)
+        cluster.cancel_all()
+        forged = cluster.submit(
+            "-J", FORGED_NAME, "--comment", FORGED_COMMENT, "--gres=gpu:1", "--account=real"
+        )
+        cluster.wait_for_state(forged, "RUNNING")
+        text = cluster.run("scontrol", "show", "job", "-d", forged)
+        (DATA / "scontrol-show-job-d-forged.txt").write_text(text)
+        (DATA / "squeue-json-forged.json").write_text(cluster.run("squeue", "--json"))
+        print("recorded jobs:", {**jobs, "forged": forged})
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from gpu_exporter.allocation.jobgpus import (
     resolve,
 )
 from gpu_exporter.allocation.slurm import (
+    AMBIGUOUS,
     BAD_GRES,
     BAD_RECORD,
     NODES_MISMATCH,
@@ -108,6 +109,31 @@ def test_a_record_without_a_numeric_job_id_is_counted() -> None:
 
 def test_no_jobs_at_all_is_an_empty_answer() -> None:
     assert parse_scontrol_text("No jobs in the system\n", "n1") == JobGpus()
+
+
+def test_a_job_name_and_comment_forging_record_lines_make_the_record_ambiguous() -> None:
+    # Recorded: scontrol prints the newlines of a job's name and comment as they are, so the
+    # job below claims account "finance" and all 8 GPUs in lines of its own making.
+    forged = (DATA / "scontrol-show-job-d-forged.txt").read_text()
+    found = parse_scontrol_text(forged, NODE)
+    assert (found.jobs, found.skips()) == ((), {AMBIGUOUS: 1})
+
+
+def test_the_json_form_is_not_fooled_by_forged_names() -> None:
+    found = parse_jobs_json((DATA / "squeue-json-forged.json").read_text(), NODE)
+    assert found.jobs == (SlurmJob("8", (0,), "root", "real", "batch"),)
+
+
+def test_a_forged_node_line_after_the_allocation_makes_the_record_ambiguous() -> None:
+    record = _record("RUNNING", "     Nodes=n1 CPU_IDs=0 Mem=0 GRES=gpu:1(IDX:3)\n")
+    forged = record + "   Comment=c\n     Nodes=n1 CPU_IDs=0 Mem=0 GRES=gpu:8(IDX:0-7)\n"
+    assert parse_scontrol_text(forged, "n1").skips() == {AMBIGUOUS: 1}
+
+
+def test_a_job_name_naming_fields_on_its_own_line_changes_nothing() -> None:
+    record = _record("RUNNING", "     Nodes=n1 CPU_IDs=0 Mem=0 GRES=gpu:1(IDX:3)\n")
+    named = record.replace("JobName=train", "JobName=x Account=finance ArrayJobId=9 ArrayTaskId=1")
+    assert parse_scontrol_text(named, "n1") == parse_scontrol_text(record, "n1")
 
 
 def test_heterogeneous_components_are_separate_jobs_named_by_leader_and_offset() -> None:

@@ -36,6 +36,7 @@ import tempfile
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from enum import Enum
+from itertools import pairwise
 from typing import Any
 
 from .jobgpus import GpuOrder, JobGpus, SlurmError, SlurmJob, job_gpus
@@ -48,6 +49,7 @@ MAX_OUTPUT_BYTES = 32 * 1024 * 1024  # a whole cluster's job list, every poll: b
 BAD_GRES = "bad_gres"  # a GRES string naming GPUs without readable indices
 BAD_RECORD = "bad_record"  # a record without a job id, or a JSON job that is not an object
 NODES_MISMATCH = "nodes_mismatch"  # JSON: gres_detail does not line up with the job's nodes
+AMBIGUOUS = "ambiguous"  # text: a free-text value (a job name, a comment) forged record lines
 
 # One GPU entry of a GRES string: gpu[:type]:count(IDX:list), e.g. gpu:a100:2(IDX:0-1).
 _GPU_GRES = re.compile(r"(?:^|,)gpu(?::[^:(),]+)?:(?P<count>\d+)\((?P<idx>[^)]*)\)")
@@ -70,52 +72,83 @@ def parse_scontrol_text(text: str, node: str) -> JobGpus:
     return job_gpus(jobs, GpuOrder.GRES, skipped)
 
 
-# A record starts at an unindented "JobId=" line; its values have no spaces except free-text
-# fields (JobName, Comment, Reason...) this never reads. The whole cluster's jobs pass through
-# here every poll, so each record is searched as one block, states first.
+# A record starts at an unindented "JobId=" line. Free-text values (JobName, Comment, WorkDir,
+# ...) may hold newlines, and scontrol prints them as they are (verified: a job named
+# "x\n   Priority=1 Account=finance" prints that line): a record is read only when each line
+# it is read from is there once, and its node lines form one block; any other record is
+# skipped as ambiguous. The JSON form has no such problem.
 _RECORD_START = re.compile(r"\n(?=JobId=)")
-_KEYS = ("JobId", "ArrayJobId", "ArrayTaskId", "HetJobId", "HetJobOffset")
-_HEAD = {key: re.compile(rf"(?:^|\s){key}=(\S*)") for key in _KEYS}
-_STATE = re.compile(r"\sJobState=(\S+)")
-_FIELDS = {key: re.compile(rf"\s{key}=(\S*)") for key in ("UserId", "Account", "Partition")}
-_NODE_LINE = re.compile(r"^\s+Nodes=(?P<nodes>\S+) (?=.*\bCPU_IDs=).*?\bGRES=(?P<gres>\S*)", re.M)
-
-
-def _search(pattern: re.Pattern[str], text: str) -> str | None:
-    match = pattern.search(text)
-    return match.group(1) if match is not None else None
+_HEAD_KEYS = ("JobId", "ArrayJobId", "ArrayTaskId", "HetJobId", "HetJobOffset")
+_HEAD = {key: re.compile(rf"(?:^|\s){key}=(\S*)") for key in _HEAD_KEYS}
+_STATE_LINE = re.compile(r"^[ \t]+JobState=(\S*)", re.M)
+# (the key starting the line, the field read from it)
+_LINE_FIELDS = (("UserId", "UserId"), ("Priority", "Account"), ("Partition", "Partition"))
+_FIELD_LINES = {key: re.compile(rf"^[ \t]+{start}=.*$", re.M) for start, key in _LINE_FIELDS}
+_FIELD = {key: re.compile(rf"(?:^|\s){key}=(\S*)") for _, key in _LINE_FIELDS}
+_NODE_LINE = re.compile(r"^[ \t]+Nodes=(?P<nodes>\S+) .*\bCPU_IDs=.*?\bGRES=(?P<gres>\S*)", re.M)
 
 
 def _text_job(record: str, node: str, skipped: Counter[str]) -> SlurmJob | None:
-    head = record.split("\n", 1)[0]
+    head = record.split("\n", 1)[0].split(" JobName=", 1)[0]
     job_id = _search(_HEAD["JobId"], head)
     if not job_id or not job_id.isdigit():
         skipped[BAD_RECORD] += 1
         return None
-    if _search(_STATE, record) not in HOLDING_STATES:
+    states = _STATE_LINE.findall(record)
+    if len(states) != 1:
+        skipped[AMBIGUOUS] += 1
+        return None
+    if states[0] not in HOLDING_STATES:
+        return None
+    allocation = list(_NODE_LINE.finditer(record))
+    here = [line for line in allocation if hostlist_contains(line["nodes"], node)]
+    if not here:
+        return None  # elsewhere (checked for forgery only where it names this node)
+    fields = _line_fields(record)
+    if fields is None or not _one_block(record, allocation):
+        skipped[AMBIGUOUS] += 1
         return None
     gpus: set[int] = set()
-    for line in _NODE_LINE.finditer(record):
-        if not hostlist_contains(line["nodes"], node):
-            continue
+    for line in here:
         indices = parse_gpu_gres(line["gres"])
         if indices is None:
             skipped[BAD_GRES] += 1
             return None
         gpus.update(indices)
     if not gpus:
-        return None  # elsewhere, or no GPUs here
+        return None  # no GPUs here
     array_id, task = _search(_HEAD["ArrayJobId"], head), _search(_HEAD["ArrayTaskId"], head)
     het_id, offset = _search(_HEAD["HetJobId"], head), _search(_HEAD["HetJobOffset"], head)
     return SlurmJob(
         job_id=job_id,
         gpus=tuple(sorted(gpus)),
-        user=_name(_search(_FIELDS["UserId"], record)),
-        account=_name(_search(_FIELDS["Account"], record)),
-        partition=_name(_search(_FIELDS["Partition"], record)),
+        user=_name(fields["UserId"]),
+        account=_name(fields["Account"]),
+        partition=_name(fields["Partition"]),
         array=f"{array_id}_{task}" if array_id and task else "",
         het=f"{het_id}+{offset}" if het_id and offset else "",
     )
+
+
+def _line_fields(record: str) -> dict[str, str | None] | None:
+    """The fields read from their own lines; None when such a line is missing or repeated."""
+    fields: dict[str, str | None] = {}
+    for key, pattern in _FIELD_LINES.items():
+        found = pattern.findall(record)
+        if len(found) != 1:
+            return None
+        fields[key] = _search(_FIELD[key], found[0])
+    return fields
+
+
+def _one_block(record: str, allocation: Sequence[re.Match[str]]) -> bool:
+    """Whether the node lines follow each other (a forged one sits elsewhere)."""
+    return all(record.count("\n", a.end(), b.start()) == 1 for a, b in pairwise(allocation))
+
+
+def _search(pattern: re.Pattern[str], text: str) -> str | None:
+    match = pattern.search(text)
+    return match.group(1) if match is not None else None
 
 
 def _name(value: str | None) -> str:
