@@ -5,6 +5,7 @@
 dir="${GPU_JOB_MAP_DIR:-/run/dcgm-job-map}"
 gpus="${SLURM_JOB_GPUS:-${CUDA_VISIBLE_DEVICES:-}}"
 [ -n "$gpus" ] && [ -n "${SLURM_JOB_ID:-}" ] || exit 0
+[ -d "$dir" ] && [ ! -L "$dir" ] && [ -O "$dir" ] || exit 0
 for gpu in $(printf '%s' "$gpus" | tr ',' ' '); do
     case "$gpu" in *[!0-9]*) continue ;; esac
     file="$dir/$gpu"
