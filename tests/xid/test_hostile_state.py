@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from gpu_exporter.xid import XidCore, load_classifier
+from gpu_exporter.xid.core import SOURCE_KMSG, Observation
 from gpu_exporter.xid.journal import LOG_NAME, MAX_OP_BYTES, SNAPSHOT_NAME, Journal
 
-from .conftest import KmsgFile, Make, value, wait_until, xid_count
+from .conftest import GPU0, KmsgFile, Make, value, wait_until, xid_count
 
 XID48 = "NVRM: Xid (PCI:0000:18:00): 48, pid='<unknown>', name=<unknown>, An uncorrectable DBE"
 SECRET = "root:x:0:0:precious\n"
@@ -80,6 +81,47 @@ async def test_a_state_dir_others_may_write_is_refused(
     finally:
         await xid.stop()
     assert os.listdir(state_dir) == [], "wrote into a directory others can write"
+
+
+def test_a_state_dir_that_is_a_symlink_is_refused(tmp_path: Path, state_dir: Path) -> None:
+    """The link could be swapped for one to any directory on the node: the journal would write
+    its files there as root. So the directory itself, like every file in it, is never reached
+    through a link."""
+    target = tmp_path / "elsewhere"
+    target.mkdir(mode=0o700)
+    state_dir.symlink_to(target, target_is_directory=True)
+    core, journal = load(state_dir)
+    core.observe([xid48_from_kmsg()])
+    assert sum(core.published.counts.values()) == 1, "counting goes on, in memory"
+    assert not core.published.journal_ok
+    assert journal.errors["load"] == 1
+    assert os.listdir(target) == [], "wrote through a symlinked state directory"
+
+
+def test_an_op_log_removed_under_a_running_journal_is_written_again_whole(
+    state_dir: Path,
+) -> None:
+    core, journal = load(state_dir)
+    core.observe([xid48_from_kmsg(seq=1)])
+    (state_dir / LOG_NAME).unlink()
+    core.observe([xid48_from_kmsg(seq=2)])
+    assert core.published.journal_ok, "the whole state was written at once"
+    assert journal.errors["append"] == 1, "the lost op log is counted"
+    again, _ = load(state_dir)
+    assert sum(again.published.counts.values()) == 2
+
+
+def xid48_from_kmsg(seq: int = 1) -> Observation:
+    return Observation(
+        source=SOURCE_KMSG,
+        channel="kmsg",
+        xid=48,
+        when=1000.0 + seq,
+        device=GPU0,
+        gpu_uuid=GPU0.uuid,
+        bus_id="0000:18:00",
+        kmsg=("boot-1", seq, 0.0, None, None),
+    )
 
 
 def load(state_dir: Path) -> tuple[XidCore, Journal]:

@@ -415,15 +415,15 @@ class XidCore:
             self.on_publish()
 
     def repair_journal(self) -> None:
-        """Rewrite the journal if a write failed or it loaded damaged (blocking I/O: call off the
-        event loop). A state directory that became writable again is back in use without
-        waiting for the next Xid."""
+        """Check that the journal's files are still at its path, and rewrite it if they are not,
+        a write failed or it loaded damaged (blocking I/O: call off the event loop). A state
+        directory that is back, or writable again, is in use without waiting for the next Xid."""
         with self._lock:
-            if not self._journal.needs_repair:
-                return
-            if self._journal.repair(self._state.to_snapshot()):
+            was_ok, errors = self._journal.ok, sum(self._journal.errors.values())
+            if self._journal.repair(self._state.to_snapshot):
                 _log.info("Xid journal written again; counts are durable once more")
-            self._publish()  # the error count moved either way
+            if self._journal.ok != was_ok or sum(self._journal.errors.values()) != errors:
+                self._publish()
 
     def close(self) -> None:
         with self._lock:

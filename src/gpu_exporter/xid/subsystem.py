@@ -166,13 +166,13 @@ class XidSubsystem:
         )
 
     async def _housekeeping(self) -> None:
-        """Every interval: while the journal is failing (disk full, read-only, corrupt at start),
-        try to write it again, so it recovers even when no Xid arrives to trigger a write; and
-        withdraw the series of pods whose latest Xid is older than the retention."""
+        """Every interval: check that the journal's directory is still there (removed or replaced,
+        ``journal_ok`` drops even when no Xid arrives); while the journal is failing (disk full,
+        read-only, corrupt at start, the directory gone), try to write it again, so it recovers by
+        itself; and withdraw the series of pods whose latest Xid is older than the retention."""
         while True:
             await asyncio.sleep(self._housekeeping_interval)
-            if not self.core.published.journal_ok:
-                self._control_call(self.core.repair_journal)
+            self._control_call(self.core.repair_journal)
             if self._pod_series_retention is not None:
                 self._control_call(self.core.expire_pod_series, self._pod_series_retention)
 
