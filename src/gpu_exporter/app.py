@@ -8,6 +8,7 @@ import os
 import signal
 import tempfile
 from collections.abc import Awaitable, Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
 from dataclasses import dataclass, replace
 from functools import partial
@@ -50,6 +51,7 @@ class Exporter:
     kubelet: Any = None  # its SimulatedKubelet (pod-resources server, proc and pod-log trees)
     web_server: WebServer | None = None  # once started
     web_config: WebConfigReloader | None = None  # with --web.config.file
+    web_workers: ThreadPoolExecutor | None = None  # web config reads and bcrypt (web side's own)
     dcgm: DcgmService | None = None  # with --dcgm.address or --dcgm.embedded
 
     @property
@@ -92,6 +94,8 @@ class Exporter:
                 await step()
             except Exception:  # keep stopping the rest; the process is on its way out
                 _log.exception("stop failed", part=name)
+        if self.web_workers is not None:
+            self.web_workers.shutdown(wait=False, cancel_futures=True)
         self.pool.shutdown()
         if self.simulation is not None:
             from .simulator import uninstall
@@ -135,17 +139,22 @@ def build_exporter(config: Config) -> Exporter:
     xid = _build_xid(config, sampler, simulation, allocation)
     sampler.add_source(xid)
     sampler.add_listener(xid)
+    # Web config reloads and bcrypt on threads of their own: what they wait on (a file, a login
+    # flood) must not take the default executor's threads that the rest of the exporter needs.
+    # One reload and one bcrypt run at a time (webreload, webguard), so two threads never queue.
+    web_workers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="web")
     guard = RequestGuard(
         config.web,
         max_requests=config.web_max_requests,
         auth_health=config.web_auth_health,
         read_timeout=config.web_read_timeout,
         write_timeout=config.web_write_timeout,
+        executor=web_workers,
     )
     sampler.add_source(guard)
     web_config = None
     if config.web is not None:
-        web_config = WebConfigReloader(config.web, guard.apply)
+        web_config = WebConfigReloader(config.web, guard.apply, executor=web_workers)
         sampler.add_source(web_config)
     if config.web_enable_admin_api:
         checked = bool(config.web and config.web.auth_required)
@@ -162,6 +171,7 @@ def build_exporter(config: Config) -> Exporter:
         simulation,
         kubelet,
         web_config=web_config,
+        web_workers=web_workers,
         dcgm=dcgm,
     )
 

@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
+import os
 import ssl
 import textwrap
+import threading
+import tracemalloc
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpu_exporter.http.webconfig import WebConfigError, load_web_config, parse_web_config
+from gpu_exporter.http.webconfig import (
+    MAX_FILE_BYTES,
+    WebConfigError,
+    load_web_config,
+    parse_web_config,
+)
 from tests.web_helpers import Pki, bcrypt_hash, write_web_config
 
 
@@ -186,6 +195,108 @@ def test_a_password_pasted_instead_of_a_hash_is_not_echoed(tmp_path: Path) -> No
 def test_an_unreadable_file_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(WebConfigError, match=r"web config .*missing\.yml: cannot read the file"):
         load_web_config(tmp_path / "missing.yml")
+
+
+def refused_without_blocking(path: Path) -> str:
+    """The error loading ``path`` gives, from a thread that would hang on a FIFO opened for
+    reading without O_NONBLOCK: if it does, a writer is opened to release it and the test fails
+    instead of hanging."""
+    outcome: list[str] = []
+
+    def attempt() -> None:
+        try:
+            load_web_config(path)
+            outcome.append("loaded")
+        except WebConfigError as exc:
+            outcome.append(str(exc))
+
+    worker = threading.Thread(target=attempt)
+    worker.start()
+    worker.join(timeout=10)
+    if worker.is_alive():
+        os.close(os.open(path, os.O_WRONLY))  # the opener's writer: lets the blocked read end
+        worker.join()
+        pytest.fail(f"reading {path} blocked the thread")
+    return outcome[0]
+
+
+@pytest.mark.parametrize(
+    ("make", "kind"),
+    [
+        (lambda path: os.mkfifo(path), "a FIFO"),
+        (lambda path: path.symlink_to("/dev/zero"), "a character device"),
+        (lambda path: path.mkdir(), "a directory"),
+    ],
+    ids=["fifo", "symlink-to-dev-zero", "directory"],
+)
+def test_a_web_config_that_is_not_a_regular_file_is_refused_before_a_read(
+    tmp_path: Path, make: Callable[[Path], None], kind: str
+) -> None:
+    path = tmp_path / "web.yml"
+    make(path)
+    assert refused_without_blocking(path) == (
+        f"web config {path}: cannot read the file: not a regular file ({kind})"
+    )
+
+
+def test_an_oversized_web_config_is_refused_having_read_no_more_than_the_limit(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "web.yml"
+    with path.open("wb") as sparse:  # claims 1 GiB and costs no disk
+        sparse.truncate(2**30)
+    tracemalloc.start()
+    try:
+        with pytest.raises(WebConfigError, match=f"larger than {MAX_FILE_BYTES} bytes"):
+            load_web_config(path)
+        _current, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 3 * MAX_FILE_BYTES, f"{peak / 2**20:.1f} MiB held to refuse a 1 GiB file"
+
+
+def test_a_web_config_through_a_symlink_is_read_as_a_secret_volume_has_it(tmp_path: Path) -> None:
+    """The kubelet mounts a Secret's keys as links into its ``..data`` directory:
+    exporter-toolkit follows them, and so does the exporter."""
+    data = tmp_path / "..data"
+    data.mkdir()
+    (data / "web.yml").write_text(f"basic_auth_users: {{alice: {bcrypt_hash('pw')}}}\n")
+    (tmp_path / "web.yml").symlink_to(Path("..data/web.yml"))
+    assert load_web_config(tmp_path / "web.yml").auth_required
+
+
+@pytest.mark.parametrize("name", ["cert_file", "key_file", "client_ca_file"])
+def test_an_oversized_certificate_key_or_ca_file_is_refused(pki: Pki, name: str) -> None:
+    huge = pki.directory / "huge.pem"
+    with huge.open("wb") as sparse:
+        sparse.truncate(MAX_FILE_BYTES + 1)
+    files = {"cert_file": "server.crt", "key_file": "server.key", "client_ca_file": "ca.crt"}
+    files[name] = "huge.pem"
+    message = error_of(
+        pki.directory,
+        f"""
+        tls_server_config:
+          cert_file: {files["cert_file"]}
+          key_file: {files["key_file"]}
+          client_ca_file: {files["client_ca_file"]}
+          client_auth_type: RequireAndVerifyClientCert
+        """,
+    )
+    assert message.endswith(
+        f"tls_server_config.{name}: cannot read {huge}: larger than {MAX_FILE_BYTES} bytes"
+    ), message
+
+
+def test_a_certificate_that_is_a_fifo_is_refused(pki: Pki) -> None:
+    os.mkfifo(pki.directory / "fifo.crt")
+    write_web_config(
+        pki.directory, "tls_server_config: {cert_file: fifo.crt, key_file: server.key}"
+    )
+    message = refused_without_blocking(pki.directory / "web.yml")
+    assert message.endswith(
+        f"tls_server_config.cert_file: cannot read {pki.directory / 'fifo.crt'}: "
+        "not a regular file (a FIFO)"
+    ), message
 
 
 YAMLISH = st.recursive(

@@ -5,20 +5,28 @@ file, or a change only a restart can make, leaves the config in force alone and 
 from __future__ import annotations
 
 import asyncio
+import gzip
+import json
 import os
+import signal
 import ssl
+import threading
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 import trustme
+from structlog.testing import capture_logs
 
 from gpu_exporter.app import Exporter
 from gpu_exporter.config import SimulatorConfig
-from gpu_exporter.http.webconfig import load_web_config
+from gpu_exporter.http.webconfig import MAX_FILE_BYTES, load_web_config
 from gpu_exporter.http.webreload import WebConfigReloader
 from tests.helpers import make_config, one, parse_exposition, running_exporter
+from tests.integration.test_process import start as start_process
 from tests.web_helpers import PASSWORD, USER, Pki, bcrypt_hash
 
 NEW_PASSWORD = "rotated-s3cret"
@@ -260,3 +268,157 @@ async def test_an_unexpected_error_while_reloading_is_counted_and_checking_goes_
         assert samples[("gpu_exporter_web_config_last_reload_successful", "")] == 0
     finally:
         await reloader.stop()
+
+
+def plain_config(path: Path) -> Any:
+    """An exporter with basic auth and no TLS, from the web config at ``path``."""
+    return make_config(
+        simulator=SimulatorConfig(),
+        fast_interval=0.2,
+        slow_interval=1.0,
+        web_config_file=path,
+        web=load_web_config(path),
+    )
+
+
+async def plain_status(exporter: Exporter, path: str, headers: dict[str, str]) -> int:
+    """The status of a GET without gzip (whose body is built on the default executor)."""
+    headers = {"Accept-Encoding": "identity", **headers}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"http://127.0.0.1:{exporter.port}{path}", headers=headers) as response,
+    ):
+        await response.read()
+        return response.status
+
+
+def reload_counts(reloader: WebConfigReloader) -> dict[str, float]:
+    return {sample.labels or sample.family.name: sample.value for sample in reloader.samples()}
+
+
+async def test_a_config_swapped_for_a_link_to_dev_zero_is_refused_and_the_old_one_serves(
+    tmp_path: Path,
+) -> None:
+    web = tmp_path / "web.yml"
+    write_atomically(web, web_yml(PASSWORD, tls=False))
+    async with running_exporter(plain_config(web)) as exporter:
+        web.unlink()
+        web.symlink_to("/dev/zero")  # read whole, this took RSS to gigabytes in a second
+        with capture_logs() as logs:
+            await reloader_of(exporter).reload(force=True)  # what SIGHUP runs
+        refusals = [log for log in logs if log["event"].startswith("web config not reloaded")]
+        assert [log["reason"] for log in refusals] == [
+            f"web config {web}: cannot read the file: not a regular file (a character device)"
+        ]
+        assert await plain_status(exporter, "/metrics", auth(PASSWORD)) == 200, "old config gone"
+        assert await plain_status(exporter, "/metrics", {}) == 401, "authentication turned off"
+        assert reload_counts(reloader_of(exporter))['result="failure"'] == 1
+
+
+async def test_sighups_while_a_reload_runs_make_one_more_reload_not_eight(tmp_path: Path) -> None:
+    path = tmp_path / "web.yml"
+    write_atomically(path, web_yml(PASSWORD, tls=False))
+    started, release = threading.Event(), threading.Event()
+    loads: list[Path] = []
+
+    def slow_load(source: Path) -> Any:
+        loads.append(source)
+        started.set()
+        release.wait(timeout=10)  # a read that takes its time (a slow disk)
+        return load_web_config(source)
+
+    with ThreadPoolExecutor(max_workers=1) as workers:
+        reloader = WebConfigReloader(
+            load_web_config(path), lambda _config: None, load=slow_load, executor=workers
+        )
+        first = reloader.reload(force=True)
+        assert await asyncio.to_thread(started.wait, 10)
+        for _ in range(8):
+            reloader.reload_on_signal()
+        release.set()
+        await first
+    assert len(loads) == 2, "reloads asked for while one ran must coalesce into one"
+
+
+async def test_logins_and_reloads_do_not_wait_for_the_default_executor(tmp_path: Path) -> None:
+    """The default executor serves the rest of the exporter (gzip bodies, start-up reads): a
+    web config that hangs or a login flood must not take its threads, nor wait behind them."""
+    web = tmp_path / "web.yml"
+    write_atomically(web, web_yml(PASSWORD, tls=False))
+    loop = asyncio.get_running_loop()
+    loop.set_default_executor(ThreadPoolExecutor(max_workers=2))
+    release = threading.Event()
+    async with running_exporter(plain_config(web)) as exporter:
+        busy = [loop.run_in_executor(None, release.wait, 30) for _ in range(2)]
+        try:
+            write_atomically(web, web_yml(NEW_PASSWORD, tls=False))
+            async with asyncio.timeout(10):
+                await reloader_of(exporter).reload(force=True)
+                assert await plain_status(exporter, "/metrics", auth(NEW_PASSWORD)) == 200
+        finally:
+            release.set()
+            await asyncio.gather(*busy)
+
+
+async def test_an_oversized_certificate_is_refused_and_the_old_one_serves(pki: Pki) -> None:
+    async with running_exporter(exporter_config(pki)) as exporter:
+        before = await served_certificate(exporter, pki)
+        staged = pki.directory / ".server.crt.new"
+        with staged.open("wb") as sparse:
+            sparse.truncate(MAX_FILE_BYTES + 1)
+        os.replace(staged, pki.directory / "server.crt")
+        with capture_logs() as logs:
+            assert not reloader_of(exporter).reload_now()
+        reasons = [log["reason"] for log in logs if "reason" in log]
+        assert reasons == [
+            f"web config {pki.directory / 'web.yml'}: tls_server_config.cert_file: cannot read "
+            f"{pki.directory / 'server.crt'}: larger than {MAX_FILE_BYTES} bytes"
+        ]
+        assert await served_certificate(exporter, pki) == before
+
+
+def test_a_fifo_config_and_eight_sighups_leave_the_exporter_serving_and_stoppable(
+    tmp_path: Path,
+) -> None:
+    """The attack as it was run: the web config replaced by a FIFO, then SIGHUP after SIGHUP.
+    Each of them used to hold a default executor thread for good, until gzip scrapes, a new
+    login and SIGTERM all hung."""
+    web = tmp_path / "web.yml"
+    write_atomically(web, web_yml(PASSWORD, tls=False))
+    process, port = start_process("--simulate", "--fast-interval=200ms", f"--web.config.file={web}")
+    watchdog = threading.Timer(60, process.kill)  # a hung exporter ends the log lines read below
+    watchdog.start()
+    try:
+        web.unlink()
+        os.mkfifo(web)
+        for _ in range(8):
+            process.send_signal(signal.SIGHUP)
+        assert process.stderr is not None
+        refused = next(
+            event
+            for event in map(json.loads, process.stderr)
+            if event["event"].startswith("web config not reloaded")
+        )
+        assert refused["reason"].endswith("not a regular file (a FIFO)"), refused
+        assert http_get(port, "/healthz") == (200, "identity")
+        assert http_get(port, "/metrics", auth(PASSWORD)) == (200, "identity"), "a fresh login"
+        gzipped = {**auth(PASSWORD), "Accept-Encoding": "gzip"}
+        assert http_get(port, "/metrics", gzipped) == (200, "gzip")
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=10) == 0
+    finally:
+        watchdog.cancel()
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def http_get(port: int, path: str, headers: dict[str, str] | None = None) -> tuple[int, str]:
+    """(status, content encoding) of a GET, whose body is read (and decompressed) whole."""
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers=headers or {})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        body = response.read()
+        encoding = response.headers.get("Content-Encoding", "identity")
+        if encoding == "gzip":
+            assert b"gpu_info" in gzip.decompress(body)
+        return response.status, encoding

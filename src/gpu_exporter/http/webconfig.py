@@ -8,16 +8,22 @@ What Python cannot honour (``curve_preferences``, client certificates accepted w
 verification) is rejected by name rather than silently weakened.
 
 Like exporter-toolkit, unknown keys are errors and relative paths are resolved against the
-config file's directory. Like it, a change applies while running: ``webreload.py`` checks the
-file (and the files it names) every 10 s and swaps in a config that loads, keeping the previous
-one when the new one is refused.
+config file's directory, and symlinks are followed (a Secret volume's files are links into its
+``..data`` directory; exporter-toolkit reads them with ``os.ReadFile``). Unlike a plain read, each
+file must be a regular one of at most :data:`MAX_FILE_BYTES`: a FIFO, a device or a directory put
+in its place is refused before a byte is read (``O_NONBLOCK``, ``fstat``), and no more than the
+limit and one byte is ever read. Like exporter-toolkit, a change applies while running:
+``webreload.py`` checks the file (and the files it names) every 10 s and swaps in a config that
+loads, keeping the previous one when the new one is refused.
 Every problem is a :class:`WebConfigError` whose message is one line: file, key path, reason.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import ssl
+import stat
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -30,6 +36,16 @@ from ..safeyaml import quote
 
 # A web config has a few dozen values; aliases may not expand it beyond this (billion laughs).
 MAX_YAML_NODES = 10_000
+# The config, a certificate chain, a key, a client CA bundle: a few KiB each (the whole Mozilla CA
+# bundle is about 220 KiB). Anything larger is not one of them.
+MAX_FILE_BYTES = 2**20
+_FILE_KINDS = (
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISSOCK, "a socket"),
+)
 CLIENT_AUTH_TYPES = (
     "NoClientCert",
     "RequestClientCert",
@@ -139,10 +155,37 @@ class WebConfig:
 def load_web_config(path: Path) -> WebConfig:
     """Read, validate and build everything in ``path`` (certificates included)."""
     try:
-        text = path.read_text("utf-8")
+        text = read_regular_file(path).decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise WebConfigError(path, "", f"cannot read the file: {_reason(exc)}") from exc
     return parse_web_config(text, path)
+
+
+def read_regular_file(path: Path, limit: int = MAX_FILE_BYTES) -> bytes:
+    """The bytes of ``path`` (symlinks followed), which must be a regular file of at most
+    ``limit`` bytes (:class:`FileRefused` otherwise). Opened with ``O_NONBLOCK`` so that a FIFO
+    cannot hold the thread waiting for a writer, and checked with ``fstat`` before any read;
+    at most ``limit + 1`` bytes are read, whatever the file claims or grows to."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        info = os.fstat(fd)
+        kind = next((name for test, name in _FILE_KINDS if test(info.st_mode)), None)
+        if not stat.S_ISREG(info.st_mode):
+            raise FileRefused(f"not a regular file ({kind or 'of an unknown kind'})")
+        chunks: list[bytes] = []
+        size = 0
+        while size <= limit and (chunk := os.read(fd, limit + 1 - size)):
+            chunks.append(chunk)
+            size += len(chunk)
+    finally:
+        os.close(fd)
+    if size > limit:
+        raise FileRefused(f"larger than {limit} bytes")
+    return b"".join(chunks)
+
+
+class FileRefused(OSError):
+    """A web config, certificate or key file that is not a small regular file."""
 
 
 def parse_web_config(text: str, source: Path) -> WebConfig:
@@ -256,7 +299,7 @@ def _pem(strings: Mapping[str, str], name: str, base: Path) -> tuple[str, bytes]
 
 def _read(key: str, path: Path) -> bytes:
     try:
-        return path.read_bytes()
+        return read_regular_file(path)
     except OSError as exc:
         _fail(key, f"cannot read {path}: {_reason(exc)}")
 

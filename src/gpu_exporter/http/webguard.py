@@ -16,6 +16,7 @@ import ipaddress
 import os
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Executor
 from contextlib import contextmanager
 from enum import Enum
 from http import HTTPStatus
@@ -75,13 +76,15 @@ class PasswordCheck:
     A successful (user, password) is remembered as an HMAC under a key that lives only in this
     process, so Prometheus scraping every 15 s costs one bcrypt in total, not one per scrape,
     and memory never holds the password or a plain hash of it. Failures are not remembered:
-    every guess costs the guesser a full bcrypt.
+    every guess costs the guesser a full bcrypt. bcrypt runs on ``executor`` (the web side's own
+    threads; None: the loop's default executor, for a check used alone).
     """
 
     def __init__(
         self,
         users: Iterable[tuple[str, bytes]],
         verify: Callable[[bytes, bytes], bool] | None = None,
+        executor: Executor | None = None,
     ) -> None:
         if verify is None:
             import bcrypt  # only with basic_auth_users: an exporter without them never loads it
@@ -89,6 +92,7 @@ class PasswordCheck:
             verify = bcrypt.checkpw
         self._users = dict(users)
         self._verify = verify
+        self._executor = executor
         self._key = os.urandom(32)
         self._verified: dict[str, bytes] = {}  # user -> HMAC of the last password that passed
         self._one_at_a_time = asyncio.Lock()
@@ -122,7 +126,9 @@ class PasswordCheck:
         self._pending += 1
         try:
             async with self._one_at_a_time:
-                matches = await asyncio.to_thread(self._safe_verify, password.encode(), hashed)
+                matches = await asyncio.get_running_loop().run_in_executor(
+                    self._executor, self._safe_verify, password.encode(), hashed
+                )
         finally:
             self._pending -= 1
         return known and matches
@@ -193,8 +199,10 @@ class RequestGuard:
         read_timeout: float = 30.0,
         write_timeout: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
+        executor: Executor | None = None,
     ) -> None:
         self._max_requests = max_requests
+        self._executor = executor  # bcrypt's threads (see PasswordCheck)
         self._read_timeout = read_timeout
         self._write_timeout = write_timeout
         self._dropped = dict.fromkeys(DROP_REASONS, 0)
@@ -219,7 +227,7 @@ class RequestGuard:
         self._web_config = web_config
         users = web_config.users if web_config else ()
         if old is None or users != old.users:
-            self._passwords = PasswordCheck(users) if users else None
+            self._passwords = PasswordCheck(users, executor=self._executor) if users else None
         limit = web_config.rate_limit if web_config else None
         if old is None or limit != old.rate_limit:
             self._bucket = TokenBucket(limit, self._clock) if limit else None

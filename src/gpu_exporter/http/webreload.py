@@ -9,6 +9,11 @@ one of them changed. A config that fails to load, or that changes what a running
 (TLS on or off, protocol versions, cipher suites, the client certificate requirement), is
 refused: the previous one stays in force, the refusal is logged and counted.
 
+At most one reload runs at a time: a SIGHUP (or a timed check) that arrives while one runs asks
+for one more afterwards, and any number of them make that one. Reloads run on the web side's own
+threads (``executor``, from ``app.build_exporter``), never on the default executor that the rest
+of the exporter needs (the gzip bodies among them).
+
 New TLS connections get the newest certificate through the listening context's SNI callback,
 which OpenSSL calls on every ClientHello (with or without a server name) and which may hand the
 connection a different context: its certificate, key and client CA store then apply.
@@ -20,6 +25,7 @@ import asyncio
 import os
 import ssl
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Executor
 from pathlib import Path
 
 from ..exposition import Family, Sample, counter, gauge, label_string
@@ -47,7 +53,8 @@ class WebConfigReloader:
     """The web config in force (``current``), re-read when its files change.
 
     ``apply`` is told of each accepted config (the request guard's users, limits and headers).
-    ``check`` does blocking I/O (stat, and a read when something changed): run it off the loop.
+    ``check`` does blocking I/O (stat, and a read when something changed): run it off the loop,
+    on ``executor`` (None: the loop's default executor, for a reloader used alone).
     """
 
     families: Sequence[Family] = (RELOADS, LAST_RELOAD_OK)
@@ -59,17 +66,20 @@ class WebConfigReloader:
         *,
         interval: float = DEFAULT_INTERVAL,
         load: Callable[[Path], WebConfig] = load_web_config,
+        executor: Executor | None = None,
     ) -> None:
         self.current = initial
         self._apply = apply
         self._interval = interval
         self._load = load
+        self._executor = executor
         self._fingerprint = _fingerprint(initial.files)
         self._results = dict.fromkeys(RESULTS, 0)
         self._last_ok = True
         self._rlog = RateLimitedLog(_log, period=300.0)
         self._task: asyncio.Task[None] | None = None
-        self._signalled: set[asyncio.Task[None]] = set()  # reloads asked for by SIGHUP
+        self._reloading: asyncio.Task[None] | None = None  # the one reload in flight
+        self._follow_up: bool | None = None  # asked for meanwhile: forced (SIGHUP) or not
         if initial.tls is not None:
             initial.tls.context.sni_callback = self._choose_context
 
@@ -82,32 +92,56 @@ class WebConfigReloader:
         self._task = asyncio.create_task(self._run(), name="web-config-reload")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        """Stop checking; a reload in flight is abandoned (its thread finishes on its own: a
+        read is bounded, and nothing it finds is applied)."""
+        tasks = [task for task in (self._task, self._reloading) if task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._task = self._reloading = None
+        self._follow_up = None
 
     async def _run(self) -> None:
         while True:
             await asyncio.sleep(self._interval)
-            await self._check_once()
-
-    async def _check_once(self, force: bool = False) -> None:
-        try:
-            candidate = await asyncio.to_thread(self.check, force)
-        except Exception as exc:  # a bug here must not end the checks, nor the exporter
-            self._refuse(f"unexpected error: {exc!r}")
-            return
-        if candidate is not None:
-            self._accept(candidate)
+            await asyncio.shield(self.reload(force=False))
 
     def reload_on_signal(self) -> None:
         """SIGHUP (on the loop): read the files again now, changed or not, as exporter-toolkit
         users expect of a reload signal."""
         _log.info("SIGHUP: reading the web config again", file=str(self.current.source))
-        task = asyncio.get_running_loop().create_task(self._check_once(force=True))
-        self._signalled.add(task)
-        task.add_done_callback(self._signalled.discard)
+        self.reload(force=True)
+
+    def reload(self, force: bool) -> asyncio.Task[None]:
+        """Start a reload (``force``: read even if nothing changed), or, while one runs, ask for
+        one more after it; the task that will have done it."""
+        if self._reloading is not None:
+            self._follow_up = force or bool(self._follow_up)
+            return self._reloading
+        self._reloading = asyncio.get_running_loop().create_task(
+            self._reloads(force), name="web-config-reload-once"
+        )
+        return self._reloading
+
+    async def _reloads(self, force: bool) -> None:
+        try:
+            while True:
+                await self._check_once(force)
+                if self._follow_up is None:
+                    return
+                force, self._follow_up = self._follow_up, None
+        finally:
+            self._reloading = None
+
+    async def _check_once(self, force: bool = False) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            candidate = await loop.run_in_executor(self._executor, self.check, force)
+        except Exception as exc:  # a bug here must not end the checks, nor the exporter
+            self._refuse(f"unexpected error: {exc!r}")
+            return
+        if candidate is not None:
+            self._accept(candidate)
 
     def check(self, force: bool = False) -> WebConfig | None:
         """A newer, valid config when a file changed since the last check (or ``force``), else
