@@ -10,6 +10,7 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from gpu_exporter.xid import XidCore, load_classifier
 from gpu_exporter.xid.core import SOURCE_KMSG, Observation
@@ -210,3 +211,47 @@ def test_files_stay_private(tmp_path: Path) -> None:
     assert (state.stat().st_mode & 0o777) == 0o700
     for name in (LOG_NAME, SNAPSHOT_NAME):
         assert (os.stat(state / name).st_mode & 0o777) == 0o600
+
+
+def latch_line(number: int, uuid: str, gpu: str, reason: str) -> bytes:
+    latch = {"op": "latch", "n": number, "u": uuid, "g": gpu, "why": reason, "on": True, "t": 1.0}
+    return json.dumps(latch).encode()
+
+
+async def test_latches_for_gpus_the_node_does_not_have_are_dropped_at_load(
+    make_subsystem: Make, state_dir: Path
+) -> None:
+    """A tampered journal could recommend draining a GPU that does not exist (and hide among
+    those latches); only the node's GPUs, and the index of one lost since before the start, keep
+    theirs."""
+    state_dir.mkdir(mode=0o700)
+    lines = [
+        json.dumps({"op": "boot", "n": 1, "b": "boot-1"}).encode(),
+        latch_line(2, "GPU-zzz", "9", "hardware_xid"),  # no such GPU, no such index
+        latch_line(3, "GPU-zzz", "0", "device_lost"),  # index 0 is GPU-0000
+        latch_line(4, GPU0.uuid, "0", "row_remap_failure"),
+        latch_line(5, "GPU-2222", "2", "device_lost"),  # GPU 2 has not answered since the start
+    ]
+    (state_dir / LOG_NAME).write_bytes(b"\n".join(lines) + b"\n")
+    with capture_logs() as logs:
+        xid = make_subsystem(kmsg_path=None, unidentified_lost=lambda: [2])
+        await xid.start()
+    try:
+        assert sorted(xid.core.published.latches) == [
+            (GPU0.uuid, "0", "row_remap_failure"),
+            ("GPU-2222", "2", "device_lost"),
+        ]
+        assert value(xid, "gpu_drain_recommended", uuid="GPU-zzz", reason="hardware_xid") is None
+        assert value(xid, "gpu_exporter_state_journal_errors_total", operation="load") == 2
+        assert value(xid, "gpu_exporter_state_journal_ok") == 1, "rewritten without them at once"
+    finally:
+        await xid.stop()
+    dropped = [log for log in logs if log["event"].startswith("journal drain latches name GPUs")]
+    assert [log["dropped"] for log in dropped] == [2], "one line for the whole load"
+    again = make_subsystem(kmsg_path=None, unidentified_lost=lambda: [2])
+    await again.start()
+    try:
+        assert value(again, "gpu_exporter_state_journal_errors_total", operation="load") == 0
+        assert len(again.core.published.latches) == 2
+    finally:
+        await again.stop()

@@ -343,6 +343,7 @@ async def test_a_lost_gpu_that_answers_after_a_restart_was_reset_while_the_expor
     second = make_subsystem(
         kmsg_path=None,
         devices=lambda: [d for d in fake_devices() if d.gpu_uuid not in still_lost],
+        unidentified_lost=lambda: [GPU0.index],  # as the sampler reports a GPU lost at start
     )
     await second.start()
     try:

@@ -46,6 +46,8 @@ SOURCE_NVML = "nvml_events"
 # Why a kernel-log record was not taken as an Xid source (gpu_exporter_kmsg_ignored_records_total).
 IGNORED_REASONS = ("not_kernel", "oversized")
 MAX_QUOTED = 256  # characters of a hostile record quoted in a log line
+MAX_QUOTED_ID = 80  # characters of a journal's gpu or uuid quoted in a log line
+MAX_QUOTED_LATCHES = 8  # dropped latches listed in the log line (all are counted)
 _LEVEL_BY_CLASS = {"hardware": "error", "informational": "info"}
 
 _log = get_logger("xid")
@@ -147,8 +149,13 @@ class XidCore:
 
     # -- startup -----------------------------------------------------------------------------
 
-    def load(self, boot_id: str) -> None:
-        """Read the journal (blocking I/O: call off the event loop) and start a new boot."""
+    def load(self, boot_id: str, on_node: Callable[[str, str], bool] | None = None) -> None:
+        """Read the journal (blocking I/O: call off the event loop) and start a new boot.
+
+        ``on_node(uuid, gpu)``: whether the node has the GPU a drain latch names (asked once
+        devices are discovered). Latches for any other GPU (a tampered or foreign journal:
+        ``gpu="9"``, ``GPU-zzz``) would recommend draining a GPU that does not exist: they are
+        dropped, counted as entries the load left out, and logged once."""
         with self._lock:
             self._state = self._journal.load()
             if self._state.boot_id != boot_id:
@@ -160,8 +167,29 @@ class XidCore:
                         cleared=len(list(self._state.latched())),
                     )
                 self._state.apply(self._journal.number([Boot(boot_id)])[0])
+            if on_node is not None:
+                self._drop_foreign_latches(on_node)
             self._journal.compact(self._state.to_snapshot())
             self._publish()
+
+    def _drop_foreign_latches(self, on_node: Callable[[str, str], bool]) -> None:
+        foreign = [
+            (uuid, reason, latch.gpu)
+            for uuid, reason, latch in self._state.latched()
+            if not on_node(uuid, latch.gpu)
+        ]
+        if not foreign:
+            return
+        self._apply([ClearLatch(uuid, reason) for uuid, reason, _gpu in foreign])
+        self._journal.errors["load"] += len(foreign)
+        _log.warning(
+            "journal drain latches name GPUs this node does not have; dropped",
+            dropped=len(foreign),
+            latches=[
+                {"gpu": gpu[:MAX_QUOTED_ID], "uuid": uuid[:MAX_QUOTED_ID], "reason": reason}
+                for uuid, reason, gpu in foreign[:MAX_QUOTED_LATCHES]
+            ],
+        )
 
     def kmsg_position(self) -> tuple[str, int, float | None]:
         with self._lock:

@@ -122,7 +122,9 @@ class XidSubsystem:
         self._refresh_inventory()
         if not self._boot_id:
             self._boot_id = await asyncio.to_thread(read_boot_id, self._proc)
-        await asyncio.to_thread(self.core.load, self._boot_id)
+        # After discovery (the sampler starts first): latches for GPUs the node lacks are dropped.
+        on_node = gpus_on_node(self._inventory, self._unidentified_lost())
+        await asyncio.to_thread(self.core.load, self._boot_id, on_node)
         answering = [device.uuid for device in self._inventory.gpus]
         await asyncio.to_thread(self.core.clear_lost_that_answer, answering)
         boot_id, _seq, offset = self.core.kmsg_position()
@@ -337,6 +339,17 @@ def build_inventory(devices: Iterable[Device], version: int) -> Inventory:
         if bus is not None:
             inventory.by_bus[bus] = device.id
     return Inventory(version, tuple(gpus), inventory.by_bus, inventory.by_uuid, inventory.mig)
+
+
+def gpus_on_node(
+    inventory: Inventory, unidentified_lost: Iterable[int]
+) -> Callable[[str, str], bool]:
+    """``on_node(uuid, gpu)`` for :meth:`XidCore.load`: a discovered GPU's uuid, or the index of a
+    GPU that has not answered since startup (lost, with no uuid to compare: a latch from earlier
+    in the boot names it)."""
+    uuids = {device.uuid for device in inventory.gpus}
+    lost = {str(index) for index in unidentified_lost}
+    return lambda uuid, gpu: uuid in uuids or gpu in lost
 
 
 def read_boot_id(proc_path: Path) -> str:
