@@ -301,3 +301,68 @@ async def test_a_handler_that_raises_is_a_500_and_one_structured_error() -> None
     (error,) = [entry for entry in logs if entry["log_level"] == "error"]
     assert isinstance(error["exc_info"], RuntimeError), "the traceback goes to the structured log"
     assert guard.rejected["bad_request"] == 0, "a server bug is not the client's bad request"
+
+
+def head(host_lines: bytes, version: bytes = b"HTTP/1.1", path: bytes = b"/healthz") -> bytes:
+    return b"GET " + path + b" " + version + b"\r\n" + host_lines + b"Connection: close\r\n\r\n"
+
+
+@pytest.mark.parametrize(
+    "request_head",
+    [
+        head(b""),  # HTTP/1.1 needs a Host (aiohttp's parser)
+        head(b"Host: 127.0.0.1\r\nHost: 127.0.0.1\r\n"),  # two Host lines (aiohttp's parser)
+        head(b"Host: a.example\r\nHost: b.example\r\n"),
+        head(b"Host: evil.example@127.0.0.1\r\n"),  # the rest are values only the guard refuses
+        head(b"Host: two words\r\n"),
+        head(b"Host: /etc/passwd\r\n"),
+        head(b"Host: \xe9t\xe9.example\r\n"),
+        head(b"Host: [not-an-ipv6]:9445\r\n"),
+        head(b"Host: 127.0.0.1:9445:1\r\n"),
+        head(b"Host: two words\r\n", path=b"/status.json"),  # guarded paths too
+    ],
+    ids=[
+        "none",
+        "twice-the-same",
+        "two-different",
+        "userinfo",
+        "space",
+        "path",
+        "not-ascii",
+        "bad-ip-literal",
+        "two-ports",
+        "status-page",
+    ],
+)
+async def test_a_missing_repeated_or_invalid_host_is_answered_400_and_counted(
+    request_head: bytes,
+) -> None:
+    """RFC 9112 3.2: no Host in HTTP/1.1, more than one, or one that is not host[:port] is a 400.
+    The exporter uses Host for nothing, but a proxy or cache in front of it might; an ambiguous
+    request is refused rather than answered one way here and read another way there."""
+    config = make_config()
+    guard = guard_for(config)
+    async with serving(config, guard) as url:
+        answer, _ = await raw_exchange(url, request_head)
+    assert answer.split(b" ", 2)[1] == b"400", answer[:120]
+    assert guard.rejected["bad_request"] == 1, "the refusal is counted like the parser's"
+
+
+@pytest.mark.parametrize(
+    "request_head",
+    [
+        head(b"Host: 127.0.0.1:9445\r\n"),
+        head(b"Host: [::1]:9445\r\n"),
+        head(b"Host: gpu-node-7.cluster.local\r\n"),
+        head(b"Host: \r\n"),  # empty is allowed: a target without an authority
+        head(b"", version=b"HTTP/1.0"),  # HTTP/1.0 needs no Host
+    ],
+    ids=["ip-and-port", "ipv6-literal", "name", "empty", "http-1.0-without"],
+)
+async def test_a_valid_host_or_none_in_http_1_0_is_served(request_head: bytes) -> None:
+    config = make_config()
+    guard = guard_for(config)
+    async with serving(config, guard) as url:
+        answer, _ = await raw_exchange(url, request_head)
+    assert answer.split(b" ", 2)[1] == b"200", answer[:120]
+    assert guard.rejected["bad_request"] == 0

@@ -224,7 +224,7 @@ async def test_latches_for_gpus_the_node_does_not_have_are_dropped_at_load(
     """A tampered journal could recommend draining a GPU that does not exist (and hide among
     those latches); only the node's GPUs, and the index of one lost since before the start, keep
     theirs."""
-    state_dir.mkdir(mode=0o700)
+    os.mkdir(state_dir, 0o700)
     lines = [
         json.dumps({"op": "boot", "n": 1, "b": "boot-1"}).encode(),
         latch_line(2, "GPU-zzz", "9", "hardware_xid"),  # no such GPU, no such index

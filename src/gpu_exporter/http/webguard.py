@@ -14,6 +14,7 @@ import hashlib
 import hmac
 import ipaddress
 import os
+import re
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Executor
@@ -37,7 +38,8 @@ REJECTED = counter(
 # max_requests: over --web.max-requests (503); rate_limit: over the web config's rate_limit (429);
 # auth_busy: too many password checks already queued (503); unauthorized: no or wrong credentials
 # (401); client_cert: the client certificate has none of client_allowed_sans (403); bad_request:
-# refused by the HTTP parser, before any handler (400: not HTTP, a line or header over the limits).
+# refused by the HTTP parser, before any handler (400: not HTTP, a line or header over the limits,
+# no or two Host headers), or a Host that is not host[:port] (400, the guard).
 REASONS = ("max_requests", "rate_limit", "auth_busy", "unauthorized", "client_cert", "bad_request")
 # The status each refusal by the guard is answered with (bad_request is aiohttp's own 400).
 REFUSAL_STATUS: Mapping[str, HTTPStatus] = {
@@ -55,6 +57,12 @@ DROPPED = counter(
     "closed the connection while its response was written).",
 )
 DROP_REASONS = ("write_timeout", "body_timeout", "reset")
+# RFC 9112 3.2: a Host that is not ``host [":" port]`` (RFC 3986 3.2.2: an IP literal, or a
+# reg-name of unreserved, percent-encoded and sub-delim characters) is answered 400. aiohttp's
+# parser already refuses a missing (HTTP/1.1) or repeated Host; it passes any value through.
+_HOST = re.compile(
+    r"(?:\[([0-9A-Fa-f:.]+)\]|(?:[A-Za-z0-9\-._~!$&'()*+,;=]|%[0-9A-Fa-f]{2})*)(?::[0-9]*)?"
+)
 # bcrypt is slow on purpose (~70 ms at cost 10): one check at a time, and only this many waiting;
 # beyond that a guessing client is turned away without costing CPU.
 MAX_PENDING_PASSWORD_CHECKS = 4
@@ -260,6 +268,8 @@ class RequestGuard:
 
     @web.middleware
     async def _middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if not valid_host(request.headers.get("Host", "")):
+            return self._bad_host(request)
         authorization = request.headers.get("Authorization")
         if request.path in HEALTH_PATHS:
             if self._auth_health:
@@ -357,6 +367,19 @@ class RequestGuard:
         names = peer.get("subjectAltName", ()) if isinstance(peer, dict) else ()
         return any(_normalised_san(kind, value) in self._allowed_sans for kind, value in names)
 
+    def _bad_host(self, request: web.Request) -> web.Response:
+        """400 and the connection closed, counted and logged as the parser's refusals are."""
+        self.note_bad_request()
+        self._rlog.warning(
+            "bad_host",
+            "malformed request refused",
+            client=request.remote,
+            error=f"invalid Host header {request.headers['Host'][:80]!r}",
+        )
+        response = web.Response(status=HTTPStatus.BAD_REQUEST, text="invalid Host header\n")
+        response.force_close()
+        return response
+
     def note_bad_request(self) -> None:
         """The HTTP parser refused a request (see :class:`ServerLog`)."""
         self._rejected["bad_request"] += 1
@@ -377,6 +400,21 @@ def refusal(reason: str) -> web.Response:
     if status is HTTPStatus.UNAUTHORIZED:
         response.headers["WWW-Authenticate"] = REALM
     return response
+
+
+def valid_host(value: str) -> bool:
+    """Whether a Host header value is ``host [":" port]`` (empty is valid: RFC 9112 3.2)."""
+    match = _HOST.fullmatch(value)
+    if match is None:
+        return False
+    literal = match.group(1)
+    if literal is None:
+        return True
+    try:
+        ipaddress.IPv6Address(literal)
+    except ValueError:
+        return False
+    return True
 
 
 def _normalised_sans(sans: Iterable[str]) -> frozenset[str]:
