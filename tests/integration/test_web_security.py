@@ -288,6 +288,26 @@ def test_the_cli_refuses_a_bad_web_config_in_one_line(tmp_path: Path) -> None:
     )
 
 
+def test_the_cli_refuses_a_web_config_linked_to_dev_zero_without_reading_it(
+    tmp_path: Path,
+) -> None:
+    """Read whole, the link took gigabytes of RSS before any error: it is refused by fstat."""
+    path = tmp_path / "web.yml"
+    path.symlink_to("/dev/zero")
+    result = subprocess.run(
+        [sys.executable, "-m", "gpu_exporter", "--simulate", f"--web.config.file={path}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"gpu-exporter: error: web config {path}: cannot read the file: "
+        "not a regular file (a character device)"
+    ]
+
+
 async def test_a_handler_that_raises_is_a_500_and_one_structured_error() -> None:
     async def broken(_request: web.Request) -> web.Response:
         raise RuntimeError("a bug in a handler")
