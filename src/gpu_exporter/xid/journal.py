@@ -12,21 +12,18 @@ failure in ``errors`` and writes a full snapshot on the next change or the calle
 :meth:`Journal.repair`, whichever comes first. Once a snapshot is written, the files hold the whole
 state again and ``ok`` is True.
 
-The directory is held open, and every file in it is reached through that descriptor. Before and
-after each append, and at each :meth:`Journal.repair`, the path is checked to still name that
-directory and the op log still to be the file being appended to: a directory removed, renamed
-away, replaced by another or by a symlink would otherwise take the writes into a file no restart
-reads. Then ``ok`` is False until a real directory is at the path again, and the next snapshot
-goes there. A directory that was in use is never created again: it is waited for.
+Before and after each append, and at each :meth:`Journal.repair`, the op log being appended to
+is checked to still be the file at the journal's path (:mod:`.statedir`): a directory removed,
+renamed away, replaced by another or by a symlink would otherwise take the writes into a file no
+restart reads. Then ``ok`` is False until a real directory is at the path again, and the next
+snapshot goes there.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
-import stat
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
@@ -36,6 +33,16 @@ from typing import Any, BinaryIO
 from ..logs import RateLimitedLog, get_logger
 from .ops import BadOp, Numbered, Op, encode
 from .state import XidState
+from .statedir import (
+    READ_FLAGS,
+    StateDir,
+    TooLarge,
+    Unusable,
+    Write,
+    check_state_dir,
+    read_nofollow,
+    write_all,
+)
 from .validate import check_op, check_snapshot
 
 SNAPSHOT_NAME = "xid-state.json"
@@ -43,16 +50,6 @@ LOG_NAME = "xid-journal.jsonl"
 COMPACT_AFTER_OPS = 10_000
 MAX_OP_BYTES = 65_536  # one op line (they are under 1 KiB); longer is damage, skipped unread
 MAX_SNAPSHOT_BYTES = 64 * 2**20  # the snapshot of a bounded state is a few MiB at most
-# Never through a symlink: the exporter runs as root, and a link planted in the state directory
-# would have it truncate and overwrite the link's target (any file on the node).
-_NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
-_APPEND_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND | _NOFOLLOW
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | _NOFOLLOW
-
-# ``os.write``'s shape. Tests pass one that fails like a full or read-only disk would: neither
-# can be made on demand without privileges, and an open descriptor ignores later permission
-# changes, so the write call is where those faults really arrive.
-Write = Callable[[int, memoryview], int]
 
 _log = get_logger("xid.journal")
 
@@ -68,6 +65,7 @@ class Journal:
     ):
         self._dir = state_dir
         self._write = write
+        self._files = StateDir(state_dir, write) if state_dir is not None else None
         self._fd: int | None = None
         self._ops_in_log = 0
         self._next_number = 1
@@ -77,8 +75,6 @@ class Journal:
         self._rlog = RateLimitedLog(_log, period=60.0, clock=clock)
         self._refused = False  # the state directory failed check_state_dir: never touched
         self._log_damaged = False
-        self._dir_fd: int | None = None  # the directory every file is opened in
-        self._had_dir = False  # a snapshot was written: the directory is not created again
         self._lost: str | None = None  # why the directory in use is no longer at the path
         self.errors: Counter[str] = Counter()  # by operation: load, append, snapshot
 
@@ -181,7 +177,7 @@ class Journal:
         assert self._dir is not None
         self._log_damaged = False
         try:
-            fd = os.open(self._dir / LOG_NAME, os.O_RDONLY | _NOFOLLOW)
+            fd = os.open(self._dir / LOG_NAME, READ_FLAGS)
         except FileNotFoundError:
             return
         except OSError as exc:
@@ -239,7 +235,7 @@ class Journal:
             return  # folded into a snapshot (or kept in memory until the directory is back)
         try:
             fd = self._log_fd()
-            _write_all(self._write, fd, payload)
+            write_all(self._write, fd, payload)
             os.fsync(fd)
         except OSError as exc:
             self._write_failed("append", exc)
@@ -252,26 +248,20 @@ class Journal:
 
     def compact(self, snapshot: dict[str, Any]) -> None:
         """Write ``snapshot`` atomically, then empty the op log."""
-        if self._dir is None or self._refused:
+        if self._files is None or self._refused:
             return
         try:
-            dir_fd = self._open_dir()
-        except _Unusable as exc:
+            self._files.replace(SNAPSHOT_NAME, json.dumps(snapshot).encode())
+            self._close_fd()
+            # Emptied by replacing it (a link planted in its place is replaced, never followed).
+            self._files.replace(LOG_NAME, b"")
+            self._fd = self._files.open_append(LOG_NAME)
+        except Unusable as exc:  # the directory in use went, and is not back
             self._lose(str(exc))
             return
         except OSError as exc:
             self._write_failed("snapshot", exc)
             return
-        try:
-            _atomic_write(self._write, dir_fd, SNAPSHOT_NAME, json.dumps(snapshot).encode())
-            self._close_fd()
-            # Emptied by replacing it (a link planted in its place is replaced, never followed).
-            _atomic_write(self._write, dir_fd, LOG_NAME, b"")
-            self._fd = os.open(LOG_NAME, _APPEND_FLAGS, 0o600, dir_fd=dir_fd)
-        except OSError as exc:
-            self._write_failed("snapshot", exc)
-            return
-        self._had_dir = True
         self._lost = None
         self._ops_in_log = 0
         self._needs_snapshot = False
@@ -287,11 +277,13 @@ class Journal:
 
     def close(self) -> None:
         self._close_fd()
-        self._close_dir()
+        if self._files is not None:
+            self._files.close()
 
     def _log_fd(self) -> int:
         if self._fd is None:
-            self._fd = os.open(LOG_NAME, _APPEND_FLAGS, 0o600, dir_fd=self._open_dir())
+            assert self._files is not None
+            self._fd = self._files.open_append(LOG_NAME)
         return self._fd
 
     def _close_fd(self) -> None:
@@ -299,39 +291,6 @@ class Journal:
             with contextlib.suppress(OSError):
                 os.close(self._fd)
             self._fd = None
-
-    def _close_dir(self) -> None:
-        if self._dir_fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._dir_fd)
-            self._dir_fd = None
-
-    def _open_dir(self) -> int:
-        """The state directory's descriptor: the one in use while the path still names it, else
-        what the path names now. Created only before its first snapshot: one that was in use and
-        went (removed, an unmount) was taken away on purpose, and is waited for.
-
-        Raises :class:`_Unusable` when a directory that was in use is not back (or what came back
-        is a symlink, or others may write to it), OSError when it cannot be created or opened."""
-        assert self._dir is not None
-        if self._dir_fd is not None:
-            if _moved_dir(self._dir, self._dir_fd) is None:
-                return self._dir_fd
-            self._close_dir()
-        if not self._had_dir:
-            self._dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        try:
-            fd = os.open(self._dir, _DIR_FLAGS)
-        except OSError as exc:
-            if not self._had_dir:
-                raise
-            raise _Unusable(_gone_reason(self._dir, exc)) from exc
-        why = _unsafe_dir(os.fstat(fd))
-        if why is not None:
-            os.close(fd)
-            raise _Unusable(why)
-        self._dir_fd = fd
-        return fd
 
     def _moved(self, snapshot: Callable[[], dict[str, Any]]) -> bool:
         """True when the op log is no longer the journal's (then the whole state is written
@@ -345,20 +304,9 @@ class Journal:
 
     def _moved_away(self) -> str | None:
         """Why the op log open for appending is not the file at the journal's path, or None."""
-        if self._fd is None or self._dir_fd is None:
+        if self._fd is None or self._files is None:
             return None
-        assert self._dir is not None
-        why = _moved_dir(self._dir, self._dir_fd)
-        if why is not None:
-            return why
-        try:
-            named = os.stat(LOG_NAME, dir_fd=self._dir_fd, follow_symlinks=False)
-        except OSError:
-            return f"{LOG_NAME} was removed"
-        held = os.fstat(self._fd)
-        if (named.st_dev, named.st_ino) != (held.st_dev, held.st_ino):
-            return f"{LOG_NAME} was replaced"
-        return None
+        return self._files.file_moved(LOG_NAME, self._fd)
 
     def _lose(self, why: str) -> None:
         """The directory in use went (or its op log did): counted once, warned once a minute,
@@ -407,105 +355,3 @@ def journal_lines(file: BinaryIO, limit: int) -> Iterator[tuple[int, bytes | Non
         while (rest := file.readline(65_536)) and not rest.endswith(b"\n"):
             pass
         yield number, None
-
-
-def _create_new(dir_fd: int, name: str) -> int:
-    """Create ``name`` exclusively (``O_EXCL``: never an existing file, never a symlink's
-    target). A leftover (a crash between create and rename, or something planted) is unlinked
-    first: unlinking a symlink removes the link, not its target."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW
-    try:
-        return os.open(name, flags, 0o600, dir_fd=dir_fd)
-    except FileExistsError:
-        os.unlink(name, dir_fd=dir_fd)
-        return os.open(name, flags, 0o600, dir_fd=dir_fd)
-
-
-def check_state_dir(path: Path) -> str | None:
-    """Why ``path`` must not hold the journal (None: it may, or it does not exist yet). The
-    exporter runs as root: a directory another user can write to lets them plant links and
-    files it would then trust."""
-    try:
-        info = os.lstat(path)
-    except OSError:
-        return None  # missing (created later), or not a directory: the writes report it
-    if stat.S_ISLNK(info.st_mode):
-        return "a symlink, which the journal never follows (give the directory itself)"
-    if not stat.S_ISDIR(info.st_mode):
-        return None  # reported by the writes that fail
-    return _unsafe_dir(info)
-
-
-def _unsafe_dir(info: os.stat_result) -> str | None:
-    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        return f"writable by group or others (mode {stat.S_IMODE(info.st_mode):04o}; chmod go-w)"
-    if info.st_uid not in (0, os.geteuid()):
-        return f"owned by another user (uid {info.st_uid})"
-    if info.st_nlink == 0:
-        return "removed (still mounted or held open, but no longer in any directory)"
-    return None
-
-
-def _moved_dir(path: Path, dir_fd: int) -> str | None:
-    """Why ``path`` no longer names the directory open as ``dir_fd``, or None."""
-    try:
-        named = os.lstat(path)
-    except OSError as exc:
-        return _gone_reason(path, exc)
-    if stat.S_ISLNK(named.st_mode):
-        return "replaced by a symlink, which the journal never follows"
-    if not stat.S_ISDIR(named.st_mode):
-        return "replaced by something that is not a directory"
-    held = os.fstat(dir_fd)
-    if (named.st_dev, named.st_ino) != (held.st_dev, held.st_ino):
-        return "replaced by another directory"
-    if held.st_nlink == 0:
-        return "removed"
-    return None
-
-
-def _gone_reason(path: Path, exc: OSError) -> str:
-    if isinstance(exc, FileNotFoundError):
-        return "removed"
-    if exc.errno == errno.ELOOP or path.is_symlink():
-        return "replaced by a symlink, which the journal never follows"
-    if isinstance(exc, NotADirectoryError):
-        return "replaced by something that is not a directory"
-    return f"cannot be opened: {exc.strerror or exc}"
-
-
-class _Unusable(OSError):
-    """The directory that was in use is not at the path (or what is there may not be used)."""
-
-
-def read_nofollow(path: Path, limit: int) -> bytes:
-    """A file's bytes, not through a symlink (ELOOP), at most ``limit`` (:class:`TooLarge`)."""
-    fd = os.open(path, os.O_RDONLY | _NOFOLLOW)
-    with os.fdopen(fd, "rb") as file:
-        data = file.read(limit + 1)
-    if len(data) > limit:
-        raise TooLarge(f"larger than {limit} bytes")
-    return data
-
-
-class TooLarge(OSError):
-    """A state file over its size limit."""
-
-
-def _write_all(write: Write, fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        written = write(fd, view)
-        view = view[written:]
-
-
-def _atomic_write(write: Write, dir_fd: int, name: str, data: bytes) -> None:
-    tmp = f".{name}.tmp"
-    fd = _create_new(dir_fd, tmp)
-    try:
-        _write_all(write, fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-    os.fsync(dir_fd)  # make the rename itself durable

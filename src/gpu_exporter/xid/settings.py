@@ -14,8 +14,8 @@ from typing import Any
 
 from ..config import Config
 from .classes import Classifier
-from .journal import Write
 from .kmsg import SYSLOG_POLL_S, KmsgSyscalls, ReadAll
+from .statedir import Write
 
 
 @dataclass(frozen=True)
