@@ -97,6 +97,8 @@ async def status(exporter: Exporter, pki: Pki, headers: dict[str, str]) -> int:
 
 async def reload_metrics(exporter: Exporter, pki: Pki) -> tuple[float, float, float]:
     """(successful reloads, failed reloads, last reload successful) as scraped."""
+    # Twice: the first news may be a round rendered from what was read before the reload.
+    await exporter.sampler.wait_for_news()
     await exporter.sampler.wait_for_news()
     connector = aiohttp.TCPConnector(ssl=pki.client_context())
     async with (
