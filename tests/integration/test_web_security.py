@@ -340,6 +340,8 @@ def head(host_lines: bytes, version: bytes = b"HTTP/1.1", path: bytes = b"/healt
         head(b"Host: [not-an-ipv6]:9445\r\n"),
         head(b"Host: 127.0.0.1:9445:1\r\n"),
         head(b"Host: two words\r\n", path=b"/status.json"),  # guarded paths too
+        head(b"Host: two words\r\n", path=b"/metrics"),
+        head(b"", path=b"/metrics"),
     ],
     ids=[
         "none",
@@ -352,6 +354,8 @@ def head(host_lines: bytes, version: bytes = b"HTTP/1.1", path: bytes = b"/healt
         "bad-ip-literal",
         "two-ports",
         "status-page",
+        "metrics",
+        "metrics-none",
     ],
 )
 async def test_a_missing_repeated_or_invalid_host_is_answered_400_and_counted(
@@ -376,8 +380,9 @@ async def test_a_missing_repeated_or_invalid_host_is_answered_400_and_counted(
         head(b"Host: gpu-node-7.cluster.local\r\n"),
         head(b"Host: \r\n"),  # empty is allowed: a target without an authority
         head(b"", version=b"HTTP/1.0"),  # HTTP/1.0 needs no Host
+        head(b"Host: 127.0.0.1:9445\r\n", path=b"/metrics"),
     ],
-    ids=["ip-and-port", "ipv6-literal", "name", "empty", "http-1.0-without"],
+    ids=["ip-and-port", "ipv6-literal", "name", "empty", "http-1.0-without", "metrics"],
 )
 async def test_a_valid_host_or_none_in_http_1_0_is_served(request_head: bytes) -> None:
     config = make_config()
