@@ -59,6 +59,43 @@ async def test_sm_activity_integral_equals_the_scenario_mean_over_a_window() -> 
     assert 0.0 <= one(end, "gpu_sm_active_ratio") <= 1.0
 
 
+async def test_sm_activity_bands_tell_a_starved_gpu_from_a_steady_low_one_with_the_same_mean() -> (
+    None
+):
+    # Both average 45% SM activity: GPU 0 in bursts at 90% with idle gaps (a loader starving
+    # it), GPU 1 steadily at 45% (small kernels). The mean cannot tell them apart; the bands do.
+    scenario = """
+        gpus: [{model: H100-SXM-80GB, count: 2}]
+        workloads:
+          - {gpu: 0, pod: starved, sm: {pattern: bursty, value: 0.9, period: 20s, duty: 0.5}}
+          - {gpu: 1, pod: steady, sm: 0.45}
+    """
+    async with simulated_sampler(scenario) as sim:
+        await sim.fast_round()
+        start = await sim.fast_round()
+        for _ in range(40):
+            end = await sim.fast_round()
+
+    def share(gpu: str, band: str) -> float:
+        name = "gpu_sm_activity_band_seconds_total"
+        spent = one(end, name, gpu=gpu, band=band) - one(start, name, gpu=gpu, band=band)
+        return spent / 40.0
+
+    for gpu in ("0", "1"):
+        mean = (
+            one(end, "gpu_sm_active_seconds_total", gpu=gpu)
+            - one(start, "gpu_sm_active_seconds_total", gpu=gpu)
+        ) / 40.0
+        assert mean == pytest.approx(0.45, rel=0.05), f"gpu {gpu}: the same mean activity"
+        total = sum(share(gpu, band) for band in ("low", "mid", "high"))
+        assert total == pytest.approx(1.0), f"gpu {gpu}: every second lands in one band"
+    # A round that straddles a burst's edge averages into mid: at most one per edge.
+    assert share("0", "high") == pytest.approx(0.5, abs=0.06)
+    assert share("0", "low") == pytest.approx(0.5, abs=0.06)
+    assert share("0", "mid") <= 0.1
+    assert share("1", "mid") == pytest.approx(1.0)
+
+
 async def test_utilization_reads_kernel_residency_not_sm_activity() -> None:
     scenario = """
         gpus: [{model: H100-SXM-80GB}]

@@ -18,7 +18,7 @@ import pynvml
 
 from ..dcgm.readings import DcgmReadings
 from ..devices import Device, activity_source_name
-from ..exposition import counter, gauge
+from ..exposition import counter, gauge, label_string
 from ..ledger import ActivityKind
 from ..nvml import DeviceCalls
 from .base import Cadence, Collector, CollectorContext, Integral, SampleWriter, Scope, clamp_ratio
@@ -33,6 +33,24 @@ SM_ACTIVE_SECONDS = counter(
     "gpu_sm_active_seconds_total",
     "Time integral of gpu_sm_active_ratio: rate() over any window is the exact mean SM activity.",
 )
+SM_ACTIVITY_BAND_SECONDS = counter(
+    "gpu_sm_activity_band_seconds_total",
+    "Seconds whose SM activity fell in each band (low: below 10%, mid: 10-50%, high: above 50%),"
+    " judged per sample interval: rate() is the share of time in each band, the shape a mean"
+    " hides (bursts with idle gaps split between high and low; steady small kernels sit in mid).",
+)
+SM_BANDS = ("low", "mid", "high")
+_BAND_LABELS = tuple(label_string({"band": band}) for band in SM_BANDS)
+LOW_BAND_BELOW, HIGH_BAND_ABOVE = 0.1, 0.5
+
+
+def sm_band(ratio: float) -> int:
+    """The index in SM_BANDS of a sample interval's mean SM activity."""
+    if ratio < LOW_BAND_BELOW:
+        return 0
+    return 1 if ratio <= HIGH_BAND_ABOVE else 2
+
+
 SM_OCCUPANCY = gauge(
     "gpu_sm_occupancy_ratio", "Resident warps relative to the SMs' maximum, averaged (0..1)."
 )
@@ -71,6 +89,20 @@ class ActivityReading:
         if self.spans is None:
             return self.end - self.start
         return self.spans.get(name, 0.0)
+
+
+class SmBands:
+    """Time spent in each SM activity band, from the readings the integrals are built from."""
+
+    def __init__(self) -> None:
+        self._seconds = [0.0] * len(SM_BANDS)
+
+    def credit(self, ratio: float, seconds: float) -> None:
+        self._seconds[sm_band(ratio)] += seconds
+
+    def emit(self, out: SampleWriter) -> None:
+        for labels, seconds in zip(_BAND_LABELS, self._seconds, strict=True):
+            out.add(SM_ACTIVITY_BAND_SECONDS, seconds, labels)
 
 
 class ActivitySource(ABC):
@@ -277,6 +309,7 @@ class ActivityCollector(Collector):
     families = (
         SM_ACTIVE,
         SM_ACTIVE_SECONDS,
+        SM_ACTIVITY_BAND_SECONDS,
         SM_OCCUPANCY,
         TENSOR_ACTIVE,
         TENSOR_ACTIVE_SECONDS,
@@ -290,6 +323,7 @@ class ActivityCollector(Collector):
         super().__init__(device, context)
         self._source = make_activity_source(device, context)
         self._sm = Integral()
+        self._bands = SmBands()
         self._tensor = Integral()
         self._dram = Integral()
         self._pipes = PipeTotals()
@@ -314,6 +348,8 @@ class ActivityCollector(Collector):
             return
         last = self._last
         self._emit(out, SM_ACTIVE, SM_ACTIVE_SECONDS, last.sm_active, self._sm)
+        if last.sm_active is not None:
+            self._bands.emit(out)
         self._emit(out, TENSOR_ACTIVE, TENSOR_ACTIVE_SECONDS, last.tensor_active, self._tensor)
         self._emit(out, DRAM_ACTIVE, DRAM_ACTIVE_SECONDS, last.dram_active, self._dram)
         if last.sm_occupancy is not None:
@@ -332,6 +368,8 @@ class ActivityCollector(Collector):
         ):
             if ratio is not None:
                 integral.total += ratio * reading.span(name)
+        if reading.sm_active is not None:
+            self._bands.credit(reading.sm_active, reading.span("sm_active"))
         self._pipes.credit(reading.extra, reading.end - reading.start)
 
     @staticmethod
