@@ -59,9 +59,7 @@ async def test_sm_activity_integral_equals_the_scenario_mean_over_a_window() -> 
     assert 0.0 <= one(end, "gpu_sm_active_ratio") <= 1.0
 
 
-async def test_sm_activity_bands_tell_a_starved_gpu_from_a_steady_low_one_with_the_same_mean() -> (
-    None
-):
+async def test_sm_activity_bands_tell_bursts_from_steady_work_of_the_same_mean() -> None:
     # Both average 45% SM activity: GPU 0 in bursts at 90% with idle gaps (a loader starving
     # it), GPU 1 steadily at 45% (small kernels). The mean cannot tell them apart; the bands do.
     scenario = """
