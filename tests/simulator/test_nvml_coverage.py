@@ -143,6 +143,10 @@ SPECIAL: dict[str, Callable[[Arguments], list[Any]]] = {
     "nvmlSystemGetProcessName": lambda a: [1234],
     "nvmlDeviceGetGpuFabricInfo": lambda a: [a.gpu, pynvml.byref(pynvml.c_nvmlGpuFabricInfo_t())],
     "nvmlDeviceGetGpuFabricInfoV": lambda a: [a.gpu, pynvml.byref(_fabric_v3())],
+    # Affinity masks: room for 4 x 64 CPUs (or NUMA nodes); a size of 0 is an invalid argument.
+    "nvmlDeviceGetCpuAffinity": lambda a: [a.gpu, 4],
+    "nvmlDeviceGetCpuAffinityWithinScope": lambda a: [a.gpu, 4, 0],
+    "nvmlDeviceGetMemoryAffinity": lambda a: [a.gpu, 4, 0],
 }
 # Answers besides a value and NotSupported that are what a real driver gives for these calls.
 EXPECTED_ERRORS: dict[str, type[pynvml.NVMLError]] = {

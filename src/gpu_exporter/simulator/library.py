@@ -25,6 +25,7 @@ from gpu_exporter.simulator.nvml_identity import IdentityFunctions
 from gpu_exporter.simulator.nvml_interconnect import InterconnectFunctions
 from gpu_exporter.simulator.nvml_processes import ProcessFunctions
 from gpu_exporter.simulator.nvml_telemetry import TelemetryFunctions
+from gpu_exporter.simulator.nvml_topology import TopologyFunctions
 
 if TYPE_CHECKING:
     from gpu_exporter.simulator.nodeview import NodeView
@@ -61,6 +62,7 @@ class NvmlFunctions(
     InterconnectFunctions,
     ProcessFunctions,
     DeviceInfoFunctions,
+    TopologyFunctions,
 ):
     """All implemented NVML functions; method names are the C symbols pynvml looks up."""
 

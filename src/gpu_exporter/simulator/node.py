@@ -45,6 +45,7 @@ from gpu_exporter.simulator.scenario import (
     WorkloadSpec,
 )
 from gpu_exporter.simulator.timeline import Timeline
+from gpu_exporter.simulator.topology import default_layout, node_topology
 
 FIRST_PID = 210001
 
@@ -89,6 +90,8 @@ class SimulatedNode(DcgmHost, LinkEvents):
         node = scenario.node
         fabric = (uuid.UUID(node.fabric_cluster_uuid).bytes, node.fabric_clique_id)
         self.gpus = [GpuDevice(g, node.name, node.uptime, fabric) for g in scenario.gpus]
+        layout = node.topology or default_layout(scenario.gpus[0].model.key)
+        self.topology = node_topology(layout, len(self.gpus))
         self.handles: dict[int, Device] = {}
         self.gpu_instances: dict[int, MigDevice] = {}
         self.event_sets: dict[int, EventSet] = {}

@@ -14,10 +14,12 @@ from gpu_exporter.simulator.drivers import FieldLayout
 from gpu_exporter.simulator.injected import Failure, Hang
 from gpu_exporter.simulator.nvml_records import EventSet, GpmSample
 from gpu_exporter.simulator.scenario import Scenario
+from gpu_exporter.simulator.topology import NodeTopology
 
 
 class NodeView(Protocol):
     scenario: Scenario
+    topology: NodeTopology
     lock: threading.RLock
     gpus: list[GpuDevice]
     gpu_instances: dict[int, MigDevice]  # address of a GPU-instance handle -> its MIG device

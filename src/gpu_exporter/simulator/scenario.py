@@ -7,6 +7,7 @@ message is one line, ``<file>: <key.path[2].sub>: <reason>``.
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from gpu_exporter.simulator import schema as s
 from gpu_exporter.simulator.errors import Invalid
 from gpu_exporter.simulator.models import MIG_SLICES, GpuModel, MigProfile, load_models
 from gpu_exporter.simulator.patterns import IDLE, Pattern
+from gpu_exporter.simulator.topology import default_layout, layouts, node_topology
 from gpu_exporter.simulator.units import parse_bytes, parse_duration
 
 BUILTIN_SOURCE = "<builtin>"
@@ -54,6 +56,8 @@ class NodeSpec:
     # The NVLink domain GPUs with a rack-scale fabric (GB200 NVL72) belong to.
     fabric_cluster_uuid: str = "6d1b2c8e-3f4a-5b6c-8d7e-9f0a1b2c3d4e"
     fabric_clique_id: int = 1
+    # The layout of data/topology.yaml the node's GPUs sit in ("": its first GPU's model's).
+    topology: str = ""
 
     @property
     def driver_major(self) -> int:
@@ -120,6 +124,10 @@ class AllocationSpec:
     # instead of a device plugin; and a ComputeDomain channel claim the container also holds.
     claim: str | None = None
     compute_domain_claim: str | None = None
+    # The container's exclusive CPUs (the static CPU manager) and the NUMA nodes the memory
+    # manager gave it, as pod-resources lists them per container: () when it lists none.
+    cpu_ids: tuple[int, ...] = ()
+    memory_numa_nodes: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -154,6 +162,8 @@ def parse_parts(data: Any) -> tuple[Mapping[str, Any], Scenario]:
     top = s.mapping(data, "", {"node", "gpus", "workloads", "allocations", "timeline"}, {"gpus"})
     node = _node(top.get("node") or {}, "node")
     gpus = _gpus(top["gpus"], "gpus")
+    if not node.topology:
+        node = dataclasses.replace(node, topology=default_layout(gpus[0].model.key))
     workloads = tuple(
         _workload(raw, s.item("workloads", i), gpus)
         for i, raw in enumerate(s.sequence(top.get("workloads"), "workloads"))
@@ -163,6 +173,7 @@ def parse_parts(data: Any) -> tuple[Mapping[str, Any], Scenario]:
         _allocation(raw, s.item("allocations", i), gpus)
         for i, raw in enumerate(s.sequence(top.get("allocations"), "allocations"))
     )
+    _check_placement(allocations, node, len(gpus))
     return top, Scenario("", node, gpus, workloads, allocations)
 
 
@@ -179,6 +190,7 @@ def _node(raw: Any, path: str) -> NodeSpec:
         "privileged",
         "fabric_cluster_uuid",
         "fabric_clique_id",
+        "topology",
     }
     node = s.mapping(raw, path, keys)
     name = s.text(node.get("name", NodeSpec.name), s.key(path, "name"))
@@ -205,7 +217,12 @@ def _node(raw: Any, path: str) -> NodeSpec:
         0,
         2**32 - 1,
     )
-    return NodeSpec(name, driver, cuda, boot_id, uptime, privileged, cluster.lower(), clique)
+    topology = (
+        s.choice(node["topology"], s.key(path, "topology"), layouts()) if "topology" in node else ""
+    )
+    return NodeSpec(
+        name, driver, cuda, boot_id, uptime, privileged, cluster.lower(), clique, topology
+    )
 
 
 def _gpus(raw: Any, path: str) -> tuple[GpuSpec, ...]:
@@ -390,6 +407,8 @@ ALLOCATION_KEYS = {
     "resource",
     "claim",
     "compute_domain_claim",
+    "cpu_ids",
+    "memory_numa_nodes",
 }
 _CLAIM_NAME = r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?"  # a Kubernetes object name (RFC 1123)
 
@@ -426,7 +445,55 @@ def build_allocation(
         resource=s.text(a.get("resource", default_resource), s.key(path, "resource")),
         claim=claim,
         compute_domain_claim=domain,
+        cpu_ids=s.cpu_ids(a["cpu_ids"], s.key(path, "cpu_ids")) if "cpu_ids" in a else (),
+        memory_numa_nodes=_numa_nodes(a, s.key(path, "memory_numa_nodes")),
     )
+
+
+def _numa_nodes(a: Mapping[str, Any], path: str) -> tuple[int, ...]:
+    if "memory_numa_nodes" not in a:
+        return ()
+    nodes = s.sequence(a["memory_numa_nodes"], path)
+    return tuple(sorted({s.integer(n, s.item(path, i), 0, 1023) for i, n in enumerate(nodes)}))
+
+
+def _check_placement(allocations: Sequence[AllocationSpec], node: NodeSpec, gpu_count: int) -> None:
+    """CPU ids and memory NUMA nodes exist on the node's topology, and a container's lists are
+    given once (the kubelet lists them per container, not per device)."""
+    topology = node_topology(node.topology, gpu_count)
+    cpus, numa_nodes = topology.cpus, topology.numa_nodes
+    first: dict[tuple[str, str, str], tuple[int, AllocationSpec]] = {}
+    for i, allocation in enumerate(allocations):
+        path = s.item("allocations", i)
+        missing = sorted(set(allocation.cpu_ids) - cpus)
+        if missing:
+            reason = (
+                f"CPU {missing[0]} is not on the node (topology {node.topology} has CPUs"
+                f" 0-{max(cpus)})"
+            )
+            raise Invalid(s.key(path, "cpu_ids"), reason)
+        for n in allocation.memory_numa_nodes:
+            if n >= numa_nodes:
+                reason = (
+                    f"NUMA node {n} is not on the node (topology {node.topology} has nodes"
+                    f" 0-{numa_nodes - 1})"
+                )
+                raise Invalid(s.key(path, "memory_numa_nodes"), reason)
+        if not (allocation.cpu_ids or allocation.memory_numa_nodes):
+            continue
+        container = (allocation.namespace, allocation.pod, allocation.container)
+        if container not in first:
+            first[container] = (i, allocation)
+            continue
+        earlier, spec = first[container]
+        for key in ("cpu_ids", "memory_numa_nodes"):
+            mine, theirs = getattr(allocation, key), getattr(spec, key)
+            if mine and theirs and mine != theirs:
+                reason = (
+                    f"container {'/'.join(container)} already lists other {key} at"
+                    f" allocations[{earlier}]: give them once"
+                )
+                raise Invalid(s.key(path, key), reason)
 
 
 def _claim(a: Mapping[str, Any], path: str, key: str) -> str | None:

@@ -86,6 +86,30 @@ def text(value: Any, path: str, pattern: str | None = None) -> str:
     return result
 
 
+MAX_CPU_ID = 8191  # Linux's NR_CPUS on distribution kernels
+
+
+def cpu_ids(value: Any, path: str) -> tuple[int, ...]:
+    """CPU ids: a list of integers, or a Linux cpulist string (``0-3,8``), sorted and unique."""
+    if isinstance(value, str):
+        ids: set[int] = set()
+        for part in value.split(","):
+            first, dash, last = part.strip().partition("-")
+            if not first.isdigit() or (dash and not last.isdigit()):
+                raise Invalid(path, f"{quote(value)} is not a cpulist such as 0-3,8")
+            low, high = int(first), int(last) if dash else int(first)
+            if high < low:
+                raise Invalid(path, f"range {quote(part.strip())} runs backwards")
+            if high > MAX_CPU_ID:
+                raise Invalid(path, f"must be <= {MAX_CPU_ID}, got {high}")
+            ids.update(range(low, high + 1))
+        return tuple(sorted(ids))
+    listed = sequence(value, path)
+    return tuple(
+        sorted({integer(cpu, item(path, i), 0, MAX_CPU_ID) for i, cpu in enumerate(listed)})
+    )
+
+
 def boolean(value: Any, path: str) -> bool:
     if not isinstance(value, bool):
         raise Invalid(path, f"expected true or false, got {quote(value)}")
