@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import dra_probes
 import nvml_facts
 import probes
+import topology_probes
 
 REPO = Path(__file__).resolve().parents[2]
 LOAD = r"""
@@ -250,6 +251,8 @@ def main() -> int:
         results["interconnect_probes"] = nvml_probes(gpus)
         results["dra"] = dra_probes.dra_probes(gpus)
         nvml_facts.show("\n=== DRA: device minors and mig-minors ===", results["dra"])
+        results["topology"] = topology_probes.topology_probes(gpus)
+        nvml_facts.show("\n=== placement: NUMA, affinity, P2P, paths ===", results["topology"])
         if simulate:
             print("\nload phase skipped: --simulate")
         else:

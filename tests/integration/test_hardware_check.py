@@ -48,6 +48,14 @@ def test_the_hardware_check_reports_every_family_in_a_dry_run(tmp_path: Path) ->
     assert "mig_minors" in dra
     assert "DRA: device minors and mig-minors" in result.stdout
 
+    topology = results["topology"]  # what the placement signals need (issue 36)
+    gpu0 = topology["gpus"]["0"]
+    assert gpu0["numa_node_id"].startswith("error: Not Supported"), "x86 HGX: no GPU NUMA node"
+    assert gpu0["cpu_affinity_node"]["count"] == 112, "the HGX layout's socket 0"
+    assert gpu0["with_itself"]["common_ancestor"] == 0, "INTERNAL, as the simulator assumes"
+    assert topology["read_topology"]["paths"]["0-1"] == "nvlink"
+    assert topology["mig"]["6"]["cpu_affinity"].startswith("error: Not Supported")
+
 
 def test_the_hardware_check_learns_a_dcgm_address(tmp_path: Path) -> None:
     report = tmp_path / "hardware-check.json"
