@@ -16,14 +16,15 @@ Usage::
 
 Scenario schema (full reference with examples in ``docs/simulator.md``)::
 
-    node:        {name, driver_version, cuda_version, boot_id, uptime}       # all optional
+    node:        {name, driver_version, cuda_version, boot_id, uptime, topology}  # all optional
     gpus:        - {model: H100-SXM-80GB, count: 8, mig: [3g.40gb, 1g.10gb], ecc: true}
     workloads:   - {gpu, mig, pod, namespace, container, pid, process_name, memory: 60GiB,
                     sm, tensor, dram, occupancy, utilization}
                    # activity: ratio 0..1 | "85%" | idle
                    #   | {pattern: steady, value} | {pattern: bursty, value, low, period, duty}
                    #   | {pattern: ramp, from, to, period}
-    allocations: - {gpu, mig, replica, pod, namespace, container, resource}
+    allocations: - {gpu, mig, replica, pod, namespace, container, resource, cpu_ids,
+                    memory_numa_nodes}
     timeline:    - {at: 90s, repeat: every 10m, type: <event type>, ...}
 
 Event types: xid, sxid, gpu_lost, gpu_recovered, throttle, ecc, row_remap, row_remap_failure,
