@@ -2,9 +2,10 @@
 
 The activity and utilisation collectors record their ``_seconds_total`` integrals here after each
 sample; allocation accounting reads them to tell idle from busy time without calling NVML.
-``dcgm`` says which devices a DCGM host engine serves activity for, and holds its readings (the
-DCGM service fills it; discovery, the activity collectors and through them idle accounting
-read it).
+``sm_band`` names the SM activity band of an interval's mean, for the per-device band counters
+(and, over the same ledger intervals, a per-holder twin). ``dcgm`` says which devices a DCGM
+host engine serves activity for, and holds its readings (the DCGM service fills it; discovery,
+the activity collectors and through them idle accounting read it).
 """
 
 from __future__ import annotations
@@ -14,6 +15,17 @@ from dataclasses import dataclass
 from enum import Enum
 
 from .dcgm.readings import DcgmLink
+
+# SM activity bands, by an interval's mean: below 10% idle-ish, above 50% a busy kernel stream.
+SM_BANDS = ("low", "mid", "high")
+LOW_BAND_BELOW, HIGH_BAND_ABOVE = 0.1, 0.5
+
+
+def sm_band(ratio: float) -> int:
+    """The index in ``SM_BANDS`` of an interval's mean SM activity ratio."""
+    if ratio < LOW_BAND_BELOW:
+        return 0
+    return 1 if ratio <= HIGH_BAND_ABOVE else 2
 
 
 class ActivityKind(Enum):

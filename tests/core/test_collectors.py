@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from gpu_exporter.ledger import SM_BANDS, sm_band
 from tests.helpers import one, select, simulated_sampler
 
 H100 = "gpus: [{model: H100-SXM-80GB}]"
@@ -92,6 +93,14 @@ async def test_sm_activity_bands_tell_bursts_from_steady_work_of_the_same_mean()
     assert share("0", "low") == pytest.approx(0.5, abs=0.06)
     assert share("0", "mid") <= 0.1
     assert share("1", "mid") == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(
+    ("ratio", "band"),
+    [(0.0, "low"), (0.0999, "low"), (0.1, "mid"), (0.5, "mid"), (0.5001, "high"), (1.0, "high")],
+)
+def test_sm_band_edges_belong_to_the_middle_band(ratio: float, band: str) -> None:
+    assert SM_BANDS[sm_band(ratio)] == band
 
 
 async def test_utilization_reads_kernel_residency_not_sm_activity() -> None:

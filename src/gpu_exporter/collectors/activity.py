@@ -19,7 +19,7 @@ import pynvml
 from ..dcgm.readings import DcgmReadings
 from ..devices import Device, activity_source_name
 from ..exposition import counter, gauge, label_string
-from ..ledger import ActivityKind
+from ..ledger import SM_BANDS, ActivityKind, sm_band
 from ..nvml import DeviceCalls
 from .base import Cadence, Collector, CollectorContext, Integral, SampleWriter, Scope, clamp_ratio
 from .gpm import GpmRequest
@@ -39,18 +39,7 @@ SM_ACTIVITY_BAND_SECONDS = counter(
     " judged per sample interval: rate() is the share of time in each band, the shape a mean"
     " hides (bursts with idle gaps split between high and low; steady small kernels sit in mid).",
 )
-SM_BANDS = ("low", "mid", "high")
 _BAND_LABELS = tuple(label_string({"band": band}) for band in SM_BANDS)
-LOW_BAND_BELOW, HIGH_BAND_ABOVE = 0.1, 0.5
-
-
-def sm_band(ratio: float) -> int:
-    """The index in SM_BANDS of a sample interval's mean SM activity."""
-    if ratio < LOW_BAND_BELOW:
-        return 0
-    return 1 if ratio <= HIGH_BAND_ABOVE else 2
-
-
 SM_OCCUPANCY = gauge(
     "gpu_sm_occupancy_ratio", "Resident warps relative to the SMs' maximum, averaged (0..1)."
 )
