@@ -15,6 +15,7 @@ from gpu_exporter.topology.paths import (
     pair,
     pair_path,
     placement,
+    placements,
 )
 
 
@@ -140,6 +141,18 @@ def test_a_large_node_finds_its_best_set_without_trying_every_subset() -> None:
     everything = [f"g{i}" for i in range(64)]
     assert node.best(8, everything) == PathKind.NVLINK
     assert node.best(9, everything) == PathKind.SYSTEM
+
+
+def test_every_holders_placement_counts_the_gpus_nobody_holds_as_free() -> None:
+    box = pcie_box()
+    node = [f"g{i}" for i in range(8)]
+    holdings = {"split": ["g0", "g5"], "pair": ["g2", "g3"], "one": ["g1"], "big": ["g4"]}
+    placed = placements(box, holdings, node)
+    assert placed["split"].best == PathKind.PCIE_SWITCH, "g6 and g7 were free"
+    assert not placed["pair"].could_have_been_better
+    assert placed["one"].path is None
+    full = placements(box, {**holdings, "rest": ["g6", "g7"]}, node)
+    assert full["split"].best == PathKind.SYSTEM, "nothing free: its own pair was the best"
 
 
 def test_best_needs_two_gpus_and_enough_candidates() -> None:

@@ -20,7 +20,7 @@ from gpu_exporter.topology.paths import (
     Topology,
     memory_aligned_ratio,
     numa_aligned_ratio,
-    placement,
+    placements,
 )
 from gpu_exporter.topology.read import read_topology
 from tests.dcgm.helpers import dcgm_rig
@@ -50,17 +50,16 @@ def read(path: Path | None) -> tuple[Topology, list[str], list[AllocationSpec]]:
     return topology, [g.uuid for g in gpus], list(scenario.allocations)
 
 
-def placements(path: Path | None) -> dict[str, Placement]:
+def placed_pods(path: Path | None) -> dict[str, Placement]:
     topology, uuids, allocations = read(path)
     held: dict[str, set[str]] = defaultdict(set)
     for allocation in allocations:
         held[allocation.pod].add(uuids[allocation.gpu])
-    free = set(uuids) - set().union(*held.values())
-    return {pod: placement(topology, gpus, free) for pod, gpus in held.items()}
+    return placements(topology, held, uuids)
 
 
 def test_the_badly_placed_pod_crosses_sockets_where_one_switch_was_free() -> None:
-    placed = placements(PLACEMENT)
+    placed = placed_pods(PLACEMENT)
     assert placed["tp-split"] == Placement(PathKind.SYSTEM, PathKind.PCIE_SWITCH)
     assert placed["tp-split"].could_have_been_better
     single = [pod for pod in placed if pod != "tp-split"]
@@ -82,13 +81,13 @@ def test_the_cross_socket_container_has_none_of_its_cpus_on_its_gpus_node() -> N
 
 
 def test_the_builtin_hgx_trainer_is_on_nvlink() -> None:
-    placed = placements(None)
+    placed = placed_pods(None)
     assert placed["llama-pretrain-0"] == Placement(PathKind.NVLINK, PathKind.NVLINK)
 
 
 @pytest.mark.parametrize("tray", ["placement-gb200-clique1.yaml", "placement-gb200-clique2.yaml"])
 def test_gb200_trays_keep_each_pod_on_nvlink(tray: str) -> None:
-    placed = placements(SCENARIOS / tray)
+    placed = placed_pods(SCENARIOS / tray)
     assert placed["llm-split-0" if "clique1" in tray else "llm-split-1"].path == PathKind.NVLINK
 
 

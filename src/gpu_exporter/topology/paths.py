@@ -13,6 +13,7 @@ import itertools
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from enum import IntEnum
+from typing import TypeVar
 
 import pynvml
 
@@ -142,6 +143,19 @@ def placement(topology: Topology, held: Collection[str], free: Iterable[str]) ->
     GPU) when ``free`` GPUs were unheld: the best is sought among the free and the pod's own."""
     own = set(held)
     return Placement(topology.weakest(own), topology.best(len(own), own | set(free)))
+
+
+Holder = TypeVar("Holder")
+
+
+def placements(
+    topology: Topology, holdings: Mapping[Holder, Collection[str]], gpus: Collection[str]
+) -> dict[Holder, Placement]:
+    """Every holder's placement on a node of ``gpus`` (whole-GPU UUIDs), where ``holdings`` is
+    what each holder (a pod) holds: the GPUs no holder holds are the free ones."""
+    held = set().union(*holdings.values()) if holdings else set()
+    free = set(gpus) - held
+    return {holder: placement(topology, own, free) for holder, own in holdings.items()}
 
 
 def numa_aligned_ratio(cpu_ids: Collection[int], local_cpus: frozenset[int] | None) -> float | None:
