@@ -4,7 +4,8 @@ Prints, for every metric family the exporter can serve, what it read on each GPU
 family was cleanly absent because the device does not support it), first with the GPU idle, then
 while a PyTorch matmul loop keeps it busy. Before that it asks NVML itself what only a real driver
 settles (``nvml_facts``: field ids and value types, clock-event masks idle and under load, GPM's
-answers to badly spaced samples, memory v2's sum, the MIG paths with and without privileges).
+answers to badly spaced samples, memory v2's sum, the MIG paths with and without privileges;
+``topology_probes``: NUMA nodes, CPU and memory affinity against sysfs, P2P and common ancestors).
 Writes the same as JSON to ``$OUT/hardware-check.json``
 (or ``--json PATH``). Installs nothing: needs the package importable (``PYTHONPATH=src``) with its
 runtime dependencies, and PyTorch with CUDA for the load phase.
