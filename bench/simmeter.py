@@ -113,12 +113,15 @@ def meter_kubelet(kubelet: Any) -> None:
         KUBELET.wrap(kubelet, "_processes")
     served = getattr(kubelet, "_server", None)
     handlers = getattr(served, "_handlers", None)
-    if isinstance(handlers, dict):  # allocation/grpcwire.py's server (no await inside handlers)
+    if isinstance(handlers, dict):  # the hand-written gRPC server of earlier revisions
         for path, handler in list(handlers.items()):
             handlers[path] = KUBELET.wrap_async(handler)
         _meter_server_connections()
-    else:  # a grpc.aio server (before grpcwire): its servicer reads state() through _provider
-        server = sys.modules["gpu_exporter.allocation.server"]
+    else:  # a grpclib (earlier: grpc.aio) server: its servicer reads state() through _provider
+        server = (
+            sys.modules.get("gpu_exporter.simulator.podresources_server")
+            or sys.modules["gpu_exporter.allocation.server"]
+        )
         for name in ("list_response", "allocatable_response"):
             KUBELET.wrap(server, name)
         if served is not None:

@@ -6,11 +6,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpu_exporter.allocation.grpcwire import StatusCode
+from grpclib.const import Status
+
 from gpu_exporter.allocation.podresources import ClaimDevice, ContainerDevices
-from gpu_exporter.allocation.server import UNIMPLEMENTED, KubeletState, PodResourcesServer
 from gpu_exporter.devices import Device, DeviceId
 from gpu_exporter.exposition import Sample, render
+from gpu_exporter.simulator.podresources_server import (
+    UNIMPLEMENTED,
+    KubeletState,
+    PodResourcesServer,
+)
 from tests.helpers import ManualClock
 
 UUID_A = "GPU-aaaaaaaa-0000-4000-8000-000000000000"  # whole GPU with GPM
@@ -44,14 +49,15 @@ FakeClock = ManualClock  # one manual clock for every test (tests/helpers.py)
 
 @dataclass
 class FakeKubelet:
-    """A real pod-resources gRPC server (allocation/server.py) whose answers the test edits."""
+    """A real pod-resources gRPC server (simulator/podresources_server.py, grpclib) whose
+    answers the test edits."""
 
     socket_path: Path
     containers: list[ContainerDevices] = field(default_factory=list)
     allocatable: list[tuple[str, str]] | None = field(default_factory=list)
     claims: list[ClaimDevice] = field(default_factory=list)
     # How GetAllocatableResources is refused while ``allocatable`` is None.
-    refusal: tuple[StatusCode, str] = UNIMPLEMENTED
+    refusal: tuple[Status, str] = UNIMPLEMENTED
     server: PodResourcesServer | None = None
 
     def state(self) -> KubeletState:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-import gpu_exporter.allocation.server as server
+import gpu_exporter.simulator.podresources_server as server
 from gpu_exporter.allocation.podresources import PodResourcesClient, PodResourcesError
 from gpu_exporter.allocation.subsystem import AllocationSubsystem
 from gpu_exporter.collectors import Cadence

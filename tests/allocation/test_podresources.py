@@ -5,13 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from grpclib.const import Status
 
-from gpu_exporter.allocation.grpcwire import StatusCode
 from gpu_exporter.allocation.samples import UNRESOLVED_REASONS
-from gpu_exporter.allocation.server import ALLOCATABLE_DISABLED
 from gpu_exporter.allocation.subsystem import AllocationSubsystem
 from gpu_exporter.ledger import ActivityLedger
 from gpu_exporter.nvml import WorkerPool
+from gpu_exporter.simulator.podresources_server import ALLOCATABLE_DISABLED
 
 from .helpers import (
     MIG_1,
@@ -155,7 +155,7 @@ async def test_other_get_allocatable_errors_still_take_the_source_down(
 ) -> None:
     every_id_form(kubelet)
     kubelet.allocatable = None
-    kubelet.refusal = (StatusCode.UNKNOWN, "something else broke")
+    kubelet.refusal = (Status.UNKNOWN, "something else broke")
     sub = subsystem(kubelet, pool)
     await sub.poll()
     sub.update()

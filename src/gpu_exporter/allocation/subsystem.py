@@ -2,8 +2,8 @@
 
 Three background loops feed series the sampler renders (this is a SampleSource):
 
-- *poll* (every ``poll_interval``): the kubelet's pod-resources ``List`` (gRPC by
-  :mod:`.grpcwire`), and ``GetAllocatableResources`` when due (see :mod:`.podresources`: when
+- *poll* (every ``poll_interval``): the kubelet's pod-resources ``List`` (gRPC by grpclib,
+  :mod:`.channel`), and ``GetAllocatableResources`` when due (see :mod:`.podresources`: when
   ``List`` or the devices changed, else every ``allocatable_interval``), each call with a
   deadline; while containers hold DRA devices of ``gpu.nvidia.com``, the CDI spec directories
   and ``mig-minors`` too (on a worker thread, see :mod:`.cdi` and :mod:`.dra`). While the socket

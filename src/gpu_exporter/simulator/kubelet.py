@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpu_exporter.allocation.podresources import ContainerDevices
-from gpu_exporter.allocation.server import KubeletState, PodResourcesServer
 from gpu_exporter.simulator.dra import CdiFiles, claim_devices
+from gpu_exporter.simulator.podresources_server import KubeletState, PodResourcesServer
 from gpu_exporter.simulator.procfs import ProcTree, SimProcess
 
 if TYPE_CHECKING:

@@ -1,10 +1,9 @@
-"""The exporter's own pod-resources wire format (allocation/protowire.py) against protobuf.
+"""The pod-resources answers: what the exporter reads and what the simulated kubelet writes.
 
-The client reads and the simulated kubelet writes the messages without protobuf's runtime. The
-generated classes (``proto/podresources_pb2.py``, protobuf a development dependency) are the
-reference: the field numbers are the ``.proto``'s, what protobuf writes (fields the exporter
-never reads included) reads back as the holdings it was built from, and what the simulated
-kubelet writes protobuf reads back the same.
+The client decodes with protobuf's runtime and the generated classes (``proto/podresources_pb2``);
+what any protobuf writer sends (fields the exporter never reads included) reads back as the
+holdings it was built from, what the simulated kubelet writes reads back the same, and bytes
+that are not such a message are an error, never a partial answer.
 """
 
 from __future__ import annotations
@@ -12,34 +11,28 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pytest
-from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import DecodeError
 from hypothesis import given
 from hypothesis import strategies as st
 
 from gpu_exporter.allocation.podresources import (
+    GET,
+    GET_ALLOCATABLE,
+    LIST,
     ClaimDevice,
     ContainerDevices,
     read_allocatable,
     read_list,
 )
 from gpu_exporter.allocation.proto import podresources_pb2 as pb
-from gpu_exporter.allocation.protowire import FIELD_NUMBERS, SERVICE, WireError
-from gpu_exporter.allocation.server import allocatable_response, list_response
+from gpu_exporter.simulator.podresources_server import allocatable_response, list_response
 
 
-def test_every_field_number_is_the_protos() -> None:
-    for message, fields in FIELD_NUMBERS.items():
-        descriptor = pb.DESCRIPTOR.message_types_by_name[message]
-        for name, number in fields.items():
-            compiled = descriptor.fields_by_name[name]
-            assert compiled.number == number, f"{message}.{name} is field {compiled.number}"
-            assert compiled.type in (FieldDescriptor.TYPE_STRING, FieldDescriptor.TYPE_MESSAGE)
-
-
-def test_the_service_and_its_methods_are_the_protos() -> None:
+def test_the_calls_are_the_protos_methods() -> None:
     service = pb.DESCRIPTOR.services_by_name["PodResourcesLister"]
-    assert service.full_name == SERVICE
-    assert {"List", "GetAllocatableResources", "Get"} <= set(service.methods_by_name)
+    paths = {f"/{service.full_name}/{m.name}" for m in service.methods}
+    assert {LIST, GET_ALLOCATABLE, GET} == paths
+    assert LIST == "/v1.PodResourcesLister/List"
 
 
 names = st.text(max_size=12)
@@ -106,26 +99,29 @@ def test_what_protobuf_writes_reads_back_as_the_holdings(
 def test_what_the_simulated_kubelet_writes_protobuf_reads_back(
     containers: list[ContainerDevices], claims: list[ClaimDevice]
 ) -> None:
-    parsed = pb.ListPodResourcesResponse.FromString(list_response(containers, claims))
-    assert same(read_list(parsed.SerializeToString())[0], containers)
-    assert same(read_list(parsed.SerializeToString())[1], claims)
+    written = list_response(containers, claims).SerializeToString()
+    parsed = pb.ListPodResourcesResponse.FromString(written)
+    assert same(read_list(written)[0], containers)
+    assert same(read_list(written)[1], claims)
     keys = [(p.namespace, p.name) for p in parsed.pod_resources]
     assert len(keys) == len(set(keys)), "one PodResources per pod, as the kubelet groups them"
 
 
 @given(st.lists(st.tuples(st.sampled_from(["nvidia.com/gpu", "nvidia.com/mig-1g.10gb"]), names)))
 def test_allocatable_devices_both_ways(allocatable: list[tuple[str, str]]) -> None:
-    parsed = pb.AllocatableResourcesResponse.FromString(allocatable_response(allocatable))
+    written = allocatable_response(allocatable).SerializeToString()
+    parsed = pb.AllocatableResourcesResponse.FromString(written)
     assert same([(d.resource_name, i) for d in parsed.devices for i in d.device_ids], allocatable)
-    assert same(read_allocatable(parsed.SerializeToString()), allocatable)
+    assert same(read_allocatable(written), allocatable)
 
 
 def test_a_share_id_set_to_empty_is_not_absent() -> None:
     claim = ClaimDevice("ns", "p", "c", "ns", "claim", "gpu.nvidia.com", "node", "gpu-0", (), "")
-    parsed = pb.ListPodResourcesResponse.FromString(list_response([], [claim]))
+    written = list_response([], [claim]).SerializeToString()
+    parsed = pb.ListPodResourcesResponse.FromString(written)
     resource = parsed.pod_resources[0].containers[0].dynamic_resources[0].claim_resources[0]
     assert resource.HasField("share_id")
-    assert read_list(parsed.SerializeToString())[1] == [claim]
+    assert read_list(written)[1] == [claim]
 
 
 @pytest.mark.parametrize(
@@ -138,6 +134,6 @@ def test_a_share_id_set_to_empty_is_not_absent() -> None:
         pytest.param(b"\x0a\x04\x0a\x02\xff\xfe", id="a pod name that is not UTF-8"),
     ],
 )
-def test_malformed_bytes_are_a_wire_error(data: bytes) -> None:
-    with pytest.raises(WireError):
+def test_malformed_bytes_are_a_decode_error(data: bytes) -> None:
+    with pytest.raises(DecodeError):
         read_list(data)

@@ -1,10 +1,10 @@
-"""The exporter's own gRPC wire (allocation/grpcwire.py) against grpcio, both ways.
+"""The kubelet channel (allocation/channel.py, grpclib) against grpcio, and the simulated kubelet
+(simulator/podresources_server.py, grpclib) against grpcio's client.
 
-The exporter and the simulator's kubelet speak gRPC without gRPC's runtime. A real kubelet is
-grpc-go; grpcio (C core, a development dependency only) stands in for "a real gRPC peer" here:
-the exporter's client must understand what a real server sends (answers larger than HTTP/2's
-default window, trailers-only errors with percent-encoded messages, unknown methods, deadlines)
-and the simulated kubelet must answer a real client the same way.
+A real kubelet is grpc-go (tests/allocation/test_grpc_go.py); grpcio (C core, a development
+dependency only) is a second real peer: the client must understand what a real server sends
+(answers larger than HTTP/2's default window, trailers-only errors with percent-encoded messages,
+unknown methods, deadlines) and the simulated kubelet must answer a real client the same way.
 """
 
 from __future__ import annotations
@@ -16,11 +16,14 @@ from typing import Any
 
 import grpc
 import pytest
+from grpclib.const import Status
+from grpclib.exceptions import GRPCError
 from h2.config import H2Configuration
 from h2.connection import H2Connection
 from h2.events import StreamEnded
 
-from gpu_exporter.allocation.grpcwire import Connection, RpcError, StatusCode, call
+import gpu_exporter.allocation.channel as channel_module
+from gpu_exporter.allocation.channel import KubeletChannel
 from gpu_exporter.allocation.podresources import (
     GET,
     GET_ALLOCATABLE,
@@ -29,7 +32,7 @@ from gpu_exporter.allocation.podresources import (
     PodResourcesClient,
 )
 from gpu_exporter.allocation.proto import podresources_pb2 as pb
-from gpu_exporter.allocation.server import (
+from gpu_exporter.simulator.podresources_server import (
     ALLOCATABLE_DISABLED,
     KubeletState,
     PodResourcesServer,
@@ -55,7 +58,7 @@ class GrpcioKubelet:
             return grpc.unary_unary_rpc_method_handler(fn, lambda b: b, lambda b: b)
 
         async def list_pods(request: bytes, context: Any) -> bytes:
-            return list_response(MANY)
+            return list_response(MANY).SerializeToString()
 
         async def allocatable(request: bytes, context: Any) -> bytes:
             await context.abort(grpc.StatusCode.UNKNOWN, REFUSAL)
@@ -81,6 +84,15 @@ async def grpcio_server(short_dir: Path) -> AsyncIterator[Path]:
     await server.stop(grace=None)
 
 
+async def call(socket: Path, path: str, request: bytes, *, deadline: float) -> bytes:
+    """One call on a channel of its own."""
+    channel = KubeletChannel(socket)
+    try:
+        return await channel.call(path, request, deadline=deadline)
+    finally:
+        channel.close()
+
+
 async def test_a_large_answer_from_grpcio_arrives_whole(grpcio_server: Path) -> None:
     answer = await call(grpcio_server, LIST, b"", deadline=5.0)
     listed = pb.ListPodResourcesResponse.FromString(answer)
@@ -90,34 +102,36 @@ async def test_a_large_answer_from_grpcio_arrives_whole(grpcio_server: Path) -> 
 
 
 async def test_a_grpcio_error_keeps_its_code_and_message(grpcio_server: Path) -> None:
-    with pytest.raises(RpcError) as caught:
+    with pytest.raises(GRPCError) as caught:
         await call(grpcio_server, GET_ALLOCATABLE, b"", deadline=5.0)
-    assert (caught.value.code, caught.value.details) == (StatusCode.UNKNOWN, REFUSAL)
+    assert (caught.value.status, caught.value.message) == (Status.UNKNOWN, REFUSAL)
 
 
 async def test_an_unknown_method_is_unimplemented(grpcio_server: Path) -> None:
-    with pytest.raises(RpcError) as caught:
+    with pytest.raises(GRPCError) as caught:
         await call(grpcio_server, "/v1.PodResourcesLister/Watch", b"", deadline=5.0)
-    assert caught.value.code is StatusCode.UNIMPLEMENTED
+    assert caught.value.status is Status.UNIMPLEMENTED
 
 
 async def test_a_call_past_its_deadline_fails_as_deadline_exceeded(grpcio_server: Path) -> None:
-    with pytest.raises(RpcError) as caught:
+    with pytest.raises(GRPCError) as caught:
         await call(grpcio_server, GET, b"", deadline=0.2)
-    assert caught.value.code is StatusCode.DEADLINE_EXCEEDED
+    assert caught.value.status is Status.DEADLINE_EXCEEDED
 
 
 async def test_no_server_is_unavailable(short_dir: Path) -> None:
-    with pytest.raises(RpcError) as caught:
+    with pytest.raises(GRPCError) as caught:
         await call(short_dir / "absent.sock", LIST, b"", deadline=1.0)
-    assert caught.value.code is StatusCode.UNAVAILABLE
+    assert caught.value.status is Status.UNAVAILABLE
 
 
 async def test_the_client_against_grpcio_lists_pods_without_allocatable(
     grpcio_server: Path,
 ) -> None:
     """REFUSAL says 'GetAllocatableResources disabled': List still counts, allocatable is None."""
-    snapshot = await PodResourcesClient(grpcio_server, timeout=5.0).fetch()
+    client = PodResourcesClient(grpcio_server, timeout=5.0)
+    snapshot = await client.fetch()
+    await client.close()
     assert len(snapshot.containers) == len(MANY)
     assert snapshot.allocatable is None
 
@@ -151,28 +165,34 @@ async def test_the_kept_connection_serves_fetch_after_fetch_and_outlives_a_grpci
         await server.stop(grace=None)
 
 
-async def test_a_kept_connection_remembers_few_closed_streams(own_server: Path) -> None:
-    """h2 keeps closed streams' ids (65,536 by default): on a connection kept for days, that
-    grew by megabytes on each side. Ours keep the last 64, client and server alike."""
-    connection = await Connection.open(own_server)
-    try:
-        for _ in range(200):
-            await connection.call(LIST, b"", deadline=5.0)
-        remembered = len(connection._conn._closed_streams)  # h2's own record, nothing of ours
-        assert 0 < remembered <= 64, f"the client remembers {remembered} closed streams"
-    finally:
-        await connection.close()
-
-
 @pytest.fixture
-async def own_server(short_dir: Path) -> AsyncIterator[Path]:
+async def own_server(short_dir: Path) -> AsyncIterator[PodResourcesServer]:
     server = PodResourcesServer(
         short_dir / "own.sock",
         lambda: KubeletState(MANY, None, allocatable_refusal=ALLOCATABLE_DISABLED),
     )
     await server.start()
-    yield server.socket_path
+    yield server
     await server.stop()
+
+
+async def test_a_kept_connection_is_replaced_after_its_share_of_calls(
+    short_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """h2 remembers every closed stream of a connection (up to 65,536, ~71 bytes each): a kept
+    connection carries CALLS_PER_CONNECTION calls (1000; 3 here), then the next call opens
+    another."""
+    monkeypatch.setattr(channel_module, "CALLS_PER_CONNECTION", 3)
+    server = PodResourcesServer(short_dir / "few.sock", KubeletState)
+    await server.start()
+    channel = KubeletChannel(server.socket_path)
+    try:
+        for _ in range(7):
+            await channel.call(LIST, b"", deadline=5.0)
+        assert server.accepted == 3, f"7 calls took {server.accepted} connections"
+    finally:
+        channel.close()
+        await server.stop()
 
 
 def grpcio_call(socket: Path, path: str, request: bytes) -> tuple[Any, ...]:
@@ -185,28 +205,35 @@ def grpcio_call(socket: Path, path: str, request: bytes) -> tuple[Any, ...]:
             return (exc.code(), exc.details(), None)
 
 
-async def test_grpcio_reads_a_large_answer_of_the_own_server(own_server: Path) -> None:
-    code, _, answer = await asyncio.to_thread(grpcio_call, own_server, LIST, b"")
+async def test_grpcio_reads_a_large_answer_of_the_own_server(
+    own_server: PodResourcesServer,
+) -> None:
+    code, _, answer = await asyncio.to_thread(grpcio_call, own_server.socket_path, LIST, b"")
     assert code is grpc.StatusCode.OK
     assert len(pb.ListPodResourcesResponse.FromString(answer).pod_resources) == len(MANY)
 
 
-async def test_grpcio_sees_the_own_servers_refusals(own_server: Path) -> None:
-    refused = await asyncio.to_thread(grpcio_call, own_server, GET_ALLOCATABLE, b"")
+async def test_grpcio_sees_the_own_servers_refusals(own_server: PodResourcesServer) -> None:
+    socket = own_server.socket_path
+    refused = await asyncio.to_thread(grpcio_call, socket, GET_ALLOCATABLE, b"")
     assert refused == (grpc.StatusCode.UNKNOWN, ALLOCATABLE_DISABLED[1], None)
     missing = pb.GetPodResourcesRequest(pod_name="gone", pod_namespace="ns").SerializeToString()
-    code, details, _ = await asyncio.to_thread(grpcio_call, own_server, GET, missing)
+    code, details, _ = await asyncio.to_thread(grpcio_call, socket, GET, missing)
     assert (code, details) == (grpc.StatusCode.UNKNOWN, "pod gone in namespace ns not found")
-    unknown = await asyncio.to_thread(grpcio_call, own_server, "/v1.PodResourcesLister/Watch", b"")
+    unknown = await asyncio.to_thread(grpcio_call, socket, "/v1.PodResourcesLister/Watch", b"")
     assert unknown[0] is grpc.StatusCode.UNIMPLEMENTED
 
 
 async def test_an_answer_that_arrives_with_goaway_still_counts(short_dir: Path) -> None:
-    """A server shutting down gracefully answers, then sends GOAWAY, all in one write."""
+    """A server shutting down gracefully answers, then sends GOAWAY, all in one write: the
+    answer is whole and must not be cancelled with the connection."""
+    connections = 0
 
     async def answer_then_go_away(
         reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
+        nonlocal connections
+        connections += 1
         conn = H2Connection(H2Configuration(client_side=False))
         conn.initiate_connection()
         while data := await reader.read(65536):
@@ -222,7 +249,11 @@ async def test_an_answer_that_arrives_with_goaway_still_counts(short_dir: Path) 
 
     socket = short_dir / "goaway.sock"
     server = await asyncio.start_unix_server(answer_then_go_away, str(socket))
+    channel = KubeletChannel(socket)
     try:
-        assert await call(socket, LIST, b"", deadline=5.0) == b"hi"
+        assert await channel.call(LIST, b"", deadline=5.0) == b"hi"
+        assert await channel.call(LIST, b"", deadline=5.0) == b"hi", "no new connection"
+        assert connections == 2, "the first answer was thrown away and asked again"
     finally:
+        channel.close()
         server.close()
