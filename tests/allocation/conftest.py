@@ -11,6 +11,7 @@ import pytest
 
 from gpu_exporter.nvml import WorkerPool
 
+from .grpc_go import build_go_kubelet
 from .helpers import FakeKubelet
 
 
@@ -35,3 +36,9 @@ def pool() -> Iterator[WorkerPool]:
     workers = WorkerPool(size=2, name="test-allocation")
     yield workers
     workers.shutdown()
+
+
+@pytest.fixture(scope="session")
+def go_kubelet_binary() -> Path:
+    """The grpc-go pod-resources server (grpcgo/kubelet.go), built once."""
+    return build_go_kubelet()

@@ -19,9 +19,12 @@ adds, because the peer is another process on the node and may be broken or hosti
   :data:`BYTES_PER_CALL` received during one call, ends the connection. h2 spends 10-20 us per
   control frame, so what one flood costs the event loop is about one slice (~5 ms), not a read
   (256 KiB: ~0.3 s).
-- **A GOAWAY keeps answers that ended before it** (grpclib would cancel them with the
-  connection); calls still in flight are UNAVAILABLE, since h2 parses nothing after a GOAWAY:
-  the caller may make them again on a new connection, as gRPC's protocol advises.
+- **A graceful GOAWAY loses no answer.** grpc-go drains a connection (``MaxConnectionAge``, a
+  graceful stop) with a GOAWAY naming no stream, a PING, the answers of calls in flight and a
+  second GOAWAY; h2 parses nothing after the first GOAWAY and grpclib cancels every call with
+  it. Here a GOAWAY with NO_ERROR leaves the connection readable: no call starts on it, calls up
+  to its last stream id are answered on it, and answers that ended before it are kept for their
+  callers. Any other GOAWAY ends the calls still in flight as UNAVAILABLE.
 
 Answers are returned as bytes (a pass-through codec): the caller decodes them with protobuf,
 where it likes (a large answer off the event loop).
@@ -32,15 +35,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from grpclib.client import Channel, Handler
 from grpclib.config import Configuration
 from grpclib.const import Cardinality, Status
 from grpclib.encoding.base import CodecBase
 from grpclib.exceptions import GRPCError, StreamTerminatedError
-from grpclib.protocol import AbstractHandler, EventsProcessor, H2Protocol
+from grpclib.protocol import AbstractHandler, Connection, EventsProcessor, H2Protocol
 from h2.config import H2Configuration
+from h2.connection import H2Connection
+from h2.errors import ErrorCodes
 from h2.events import (
     ConnectionTerminated,
     DataReceived,
@@ -51,6 +56,8 @@ from h2.events import (
     TrailersReceived,
 )
 from h2.exceptions import H2Error
+from h2.settings import SettingCodes
+from hyperframe.frame import Frame, GoAwayFrame
 
 MAX_MESSAGE = 16 << 20  # larger than any pod-resources answer a node can produce
 _PREFIX = 5  # the compressed flag and the message's big-endian length
@@ -115,6 +122,21 @@ class _Incoming:
         return None
 
 
+class _H2Connection(H2Connection):
+    """h2's connection, reading on after a graceful GOAWAY (RFC 9113 6.8: the streams up to its
+    last stream id may still complete). h2 closes the connection at any GOAWAY, so the PING and
+    the answers a draining grpc-go server sends after it were protocol errors."""
+
+    def _receive_goaway_frame(self, frame: GoAwayFrame) -> tuple[list[Frame], list[Event]]:
+        if frame.error_code != ErrorCodes.NO_ERROR:
+            return super()._receive_goaway_frame(frame)
+        event = ConnectionTerminated()
+        event.error_code = ErrorCodes.NO_ERROR
+        event.last_stream_id = frame.last_stream_id
+        event.additional_data = frame.additional_data or None
+        return [], [event]
+
+
 class _Processor(EventsProcessor):
     """grpclib's event handling, with answers bounded and a GOAWAY that keeps ended answers."""
 
@@ -144,14 +166,18 @@ class _Processor(EventsProcessor):
 
     def process_connection_terminated(self, event: ConnectionTerminated) -> None:
         self.handler.close()  # no call starts on this connection: the next one connects afresh
+        graceful = event.error_code == ErrorCodes.NO_ERROR
+        last = event.last_stream_id or 0
         reason = f"GOAWAY from the server (error code {event.error_code})"
         for stream_id, stream in list(self.streams.items()):
-            if stream_id not in self._ended:
+            answered = stream_id in self._ended or (graceful and stream_id <= last)
+            if not answered:
                 stream.__terminated__(reason)
-        if not any(stream_id in self._ended for stream_id in self.streams):
+        if not self.streams:
             self.close(reason)
-        # else the ended answers are read by their callers; the channel closes this connection
-        # before its next call (KubeletChannel._connection_for_call)
+        # else the answers still coming or not yet read are read by their callers; the server
+        # closes the connection after them, or the channel does before its next call
+        # (KubeletChannel._connection_for_call)
 
     def _refuse(self, stream_id: int, status: Status, message: str) -> None:
         stream = self.streams.get(stream_id)
@@ -172,8 +198,24 @@ class _Protocol(H2Protocol):
         self.failure: str | None = None  # why this side ended the connection
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)
+        # grpclib's H2Protocol.connection_made, on _H2Connection and _Processor
         self._transport = transport
+        h2_connection = _H2Connection(config=self.h2_config)
+        h2_connection.initiate_connection()
+        initial = h2_connection.local_settings.initial_window_size
+        if self.config.http2_connection_window_size != initial:
+            h2_connection.increment_flow_control_window(
+                self.config.http2_connection_window_size - initial
+            )
+        if self.config.http2_stream_window_size != initial:
+            h2_connection.update_settings(
+                {SettingCodes.INITIAL_WINDOW_SIZE: self.config.http2_stream_window_size}
+            )
+        self.connection = Connection(
+            h2_connection, cast(asyncio.Transport, transport), config=self.config
+        )
+        self.connection.flush()
+        self.connection.initialize()
         self.processor = _Processor(self.handler, self.connection)
 
     @property
