@@ -218,3 +218,34 @@ async def test_a_control_frame_flood_is_cut_after_a_bounded_number_of_frames(
         f"the client answered {answered} of 100,000 frames per connection"
     )
     no_traceback(caplog, logs)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param(b"\x01\x00\x00\x00\x02hi", id="compressed, though not offered"),
+        pytest.param(b"\x00\x00\x00\x00\x64short", id="a prefix announcing more than comes"),
+        pytest.param(b"\x00\x00\x00\x00\x02hi\x00\x00\x00\x00\x02hi", id="two messages"),
+        pytest.param(b"\x00\x00", id="a cut prefix"),
+    ],
+)
+async def test_an_answer_that_lies_about_its_message_is_internal(
+    hostile: Callable[[Behaviour], Awaitable[Path]], body: bytes
+) -> None:
+    async def lie(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        conn = H2Connection(H2Configuration(client_side=False))
+        conn.initiate_connection()
+        writer.write(conn.data_to_send())
+        while data := await reader.read(65536):
+            for event in conn.receive_data(data):
+                if isinstance(event, RequestReceived):
+                    grpc_ok = [(":status", "200"), ("content-type", "application/grpc")]
+                    conn.send_headers(event.stream_id, grpc_ok)
+                    conn.send_data(event.stream_id, body)
+                    conn.send_headers(event.stream_id, [("grpc-status", "0")], end_stream=True)
+            writer.write(conn.data_to_send())
+
+    client = PodResourcesClient(await hostile(lie), timeout=5.0)
+    with pytest.raises(PodResourcesError, match="INTERNAL"):
+        await client.fetch()
+    await client.close()

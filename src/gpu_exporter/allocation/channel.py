@@ -80,7 +80,8 @@ class _Bytes(CodecBase):
     __content_subtype__ = "proto"  # content-type application/grpc, as protobuf's codec sends
 
     def encode(self, message: Any, message_type: Any) -> bytes:
-        assert isinstance(message, bytes)
+        if not isinstance(message, bytes):
+            raise TypeError(f"a message of bytes, not {type(message).__name__}")
         return message
 
     def decode(self, data: bytes, message_type: Any) -> bytes:
@@ -95,7 +96,7 @@ class _Incoming:
         self.length: int | None = None  # the message's, once its prefix is whole
         self.received = 0  # bytes of the message after its prefix
 
-    def add(self, data: bytes) -> str | None:
+    def add(self, data: bytes) -> tuple[Status, str] | None:
         """Why the answer is refused, or None while it stays within bounds."""
         if self.length is None:
             need = _PREFIX - len(self.prefix)
@@ -104,13 +105,14 @@ class _Incoming:
             if len(self.prefix) < _PREFIX:
                 return None
             if self.prefix[0] != 0:
-                return "compressed message, none was offered"
+                return Status.INTERNAL, "a compressed message, though none was offered"
             self.length = int.from_bytes(self.prefix[1:], "big")
             if self.length > MAX_MESSAGE:
-                return f"message of {self.length} bytes, over the {MAX_MESSAGE >> 20} MiB limit"
+                limit = f"over the {MAX_MESSAGE >> 20} MiB limit"
+                return Status.RESOURCE_EXHAUSTED, f"a message of {self.length} bytes, {limit}"
         self.received += len(data)
         if self.received > self.length:
-            return "more than one message in a unary answer"
+            return Status.INTERNAL, "more than one message in a unary answer"
         return None
 
     def short(self) -> str | None:
@@ -124,8 +126,8 @@ class _Incoming:
 
 class _H2Connection(H2Connection):
     """h2's connection, reading on after a graceful GOAWAY (RFC 9113 6.8: the streams up to its
-    last stream id may still complete). h2 closes the connection at any GOAWAY, so the PING and
-    the answers a draining grpc-go server sends after it were protocol errors."""
+    last stream id may still complete). h2 itself closes the connection at any GOAWAY, which
+    makes the PING and the answers a draining grpc-go server sends after it protocol errors."""
 
     def _receive_goaway_frame(self, frame: GoAwayFrame) -> tuple[list[Frame], list[Event]]:
         if frame.error_code != ErrorCodes.NO_ERROR:
@@ -143,19 +145,25 @@ class _Processor(EventsProcessor):
     def __init__(self, handler: AbstractHandler, connection: Any) -> None:
         super().__init__(handler, connection)
         self._incoming: dict[int, _Incoming] = {}
-        self._ended: set[int] = set()
+        self._ended: set[int] = set()  # streams whose answer came whole (at most one per call)
+        self._refused: set[int] = set()
 
     def process_data_received(self, event: DataReceived) -> None:
-        stream = self.streams.get(event.stream_id)
-        if stream is not None:
-            incoming = self._incoming.setdefault(event.stream_id, _Incoming())
-            refused = incoming.add(event.data or b"")
+        stream_id = event.stream_id
+        if stream_id in self._refused:  # the rest of a refused answer: counted, dropped
+            self.connection.ack(stream_id, event.flow_controlled_length or 0)
+            return
+        if stream_id in self.streams:
+            refused = self._incoming.setdefault(stream_id, _Incoming()).add(event.data or b"")
             if refused is not None:
-                self._refuse(event.stream_id, Status.RESOURCE_EXHAUSTED, refused)
+                self._refuse(stream_id, *refused)
+                self.connection.ack(stream_id, event.flow_controlled_length or 0)
                 return
         super().process_data_received(event)
 
     def process_stream_ended(self, event: StreamEnded) -> None:
+        if event.stream_id in self._refused:
+            return
         incoming = self._incoming.pop(event.stream_id, None)
         short = incoming.short() if incoming is not None else None
         if short is not None:
@@ -184,6 +192,7 @@ class _Processor(EventsProcessor):
         if stream is not None and stream.wrapper is not None:
             stream.wrapper.cancel(GRPCError(status, message))
         self._incoming.pop(stream_id, None)
+        self._refused.add(stream_id)
 
 
 class _Protocol(H2Protocol):
