@@ -21,6 +21,7 @@ from grpclib.exceptions import GRPCError
 from h2.config import H2Configuration
 from h2.connection import H2Connection
 from h2.events import StreamEnded
+from hyperframe.frame import GoAwayFrame, PingFrame
 
 import gpu_exporter.allocation.channel as channel_module
 from gpu_exporter.allocation.channel import KubeletChannel
@@ -254,6 +255,49 @@ async def test_an_answer_that_arrives_with_goaway_still_counts(short_dir: Path) 
         assert await channel.call(LIST, b"", deadline=5.0) == b"hi"
         assert await channel.call(LIST, b"", deadline=5.0) == b"hi", "no new connection"
         assert connections == 2, "the first answer was thrown away and asked again"
+    finally:
+        channel.close()
+        server.close()
+
+
+async def test_a_call_in_flight_when_the_server_drains_is_answered_on_that_connection(
+    short_dir: Path,
+) -> None:
+    """grpc-go's drain (MaxConnectionAge, a graceful stop): a GOAWAY naming no stream and a
+    PING, then the answers of calls in flight, then a GOAWAY with the last stream. The answer
+    after the first GOAWAY is read, not thrown away and asked again."""
+    connections = 0
+
+    async def drain_then_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        conn = H2Connection(H2Configuration(client_side=False))
+        conn.initiate_connection()
+        while data := await reader.read(65536):
+            for event in conn.receive_data(data):
+                if not isinstance(event, StreamEnded):
+                    continue
+                writer.write(conn.data_to_send())
+                writer.write(GoAwayFrame(0, last_stream_id=2**31 - 1).serialize())
+                writer.write(PingFrame(0, b"draining").serialize())
+                grpc_ok = [(":status", "200"), ("content-type", "application/grpc")]
+                conn.send_headers(event.stream_id, grpc_ok)
+                conn.send_data(event.stream_id, b"\x00\x00\x00\x00\x02hi")
+                conn.send_headers(event.stream_id, [("grpc-status", "0")], end_stream=True)
+                writer.write(conn.data_to_send())
+                writer.write(GoAwayFrame(0, last_stream_id=event.stream_id).serialize())
+                await writer.drain()
+                writer.close()
+                return
+            writer.write(conn.data_to_send())
+
+    socket = short_dir / "drain.sock"
+    server = await asyncio.start_unix_server(drain_then_answer, str(socket))
+    channel = KubeletChannel(socket)
+    try:
+        assert await channel.call(LIST, b"", deadline=5.0) == b"hi"
+        assert connections == 1, "the answer was thrown away and asked again"
+        assert await channel.call(LIST, b"", deadline=5.0) == b"hi", "no new connection"
     finally:
         channel.close()
         server.close()

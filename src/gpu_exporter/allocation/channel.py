@@ -139,8 +139,24 @@ class _H2Connection(H2Connection):
         return [], [event]
 
 
+class _Connection(Connection):
+    """grpclib's connection, writing nothing once its transport is closing: the answers it keeps
+    are read after the server closed (a window update for them has nowhere to go)."""
+
+    def flush(self) -> None:
+        if not self.is_closing():
+            super().flush()
+
+    def ack(self, stream_id: int, size: int) -> None:
+        if not self.is_closing():
+            super().ack(stream_id, size)
+
+
 class _Processor(EventsProcessor):
-    """grpclib's event handling, with answers bounded and a GOAWAY that keeps ended answers."""
+    """grpclib's event handling, with answers bounded, and answers that came whole kept for their
+    callers when the connection ends (a GOAWAY, the server closing right after answering)."""
+
+    closed = False
 
     def __init__(self, handler: AbstractHandler, connection: Any) -> None:
         super().__init__(handler, connection)
@@ -187,6 +203,15 @@ class _Processor(EventsProcessor):
         # closes the connection after them, or the channel does before its next call
         # (KubeletChannel._connection_for_call)
 
+    def close(self, reason: str = "Connection closed") -> None:
+        self.closed = True
+        streams = self.streams  # release_stream pops from this dict: it stays the same one
+        self.streams = {i: s for i, s in streams.items() if i not in self._ended}
+        try:
+            super().close(reason)  # terminates the calls still waiting for their answer
+        finally:
+            self.streams = streams
+
     def _refuse(self, stream_id: int, status: Status, message: str) -> None:
         stream = self.streams.get(stream_id)
         if stream is not None and stream.wrapper is not None:
@@ -197,6 +222,8 @@ class _Processor(EventsProcessor):
 
 class _Protocol(H2Protocol):
     """grpclib's protocol, feeding h2 in slices within the flood bounds."""
+
+    processor: _Processor
 
     calls = 0  # calls started on this connection (KubeletChannel counts them)
 
@@ -220,7 +247,7 @@ class _Protocol(H2Protocol):
             h2_connection.update_settings(
                 {SettingCodes.INITIAL_WINDOW_SIZE: self.config.http2_stream_window_size}
             )
-        self.connection = Connection(
+        self.connection = _Connection(
             h2_connection, cast(asyncio.Transport, transport), config=self.config
         )
         self.connection.flush()
@@ -238,7 +265,7 @@ class _Protocol(H2Protocol):
 
     def data_received(self, data: bytes) -> None:
         for start in range(0, len(data), SLICE):
-            if self.connection.is_closing():
+            if self.failure is not None or self.processor.closed:
                 return
             piece = data[start : start + SLICE]
             self._received += len(piece)
@@ -250,7 +277,7 @@ class _Protocol(H2Protocol):
             self.connection.flush()
             for event in events:
                 self._process(event)
-            if self.connection.is_closing():
+            if self.processor.closed:
                 return
             self.connection.flush()
             if self._control_frames > CONTROL_FRAMES_PER_CALL * (self.calls + 1):
@@ -263,7 +290,7 @@ class _Protocol(H2Protocol):
     def _process(self, event: Event) -> None:
         if not isinstance(event, _ANSWER_EVENTS):
             self._control_frames += 1
-        if self.connection.is_closing():
+        if self.processor.closed:
             return
         if type(event) in self.processor.processors:  # grpclib raises for kinds it lacks
             self.processor.process(event)
