@@ -23,8 +23,9 @@ adds, because the peer is another process on the node and may be broken or hosti
   graceful stop) with a GOAWAY naming no stream, a PING, the answers of calls in flight and a
   second GOAWAY; h2 parses nothing after the first GOAWAY and grpclib cancels every call with
   it. Here a GOAWAY with NO_ERROR leaves the connection readable: no call starts on it, calls up
-  to its last stream id are answered on it, and answers that ended before it are kept for their
-  callers. Any other GOAWAY ends the calls still in flight as UNAVAILABLE.
+  to its last stream id are answered on it. Answers that came whole are kept for their callers
+  whatever ends the connection next (the server closing it right after its last answer). Any
+  other GOAWAY ends the calls still in flight as UNAVAILABLE.
 
 Answers are returned as bytes (a pass-through codec): the caller decodes them with protobuf,
 where it likes (a large answer off the event loop).
@@ -33,7 +34,6 @@ where it likes (a large answer off the event loop).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from pathlib import Path
 from typing import Any, cast
 
@@ -299,11 +299,12 @@ class _Protocol(H2Protocol):
         """End the connection now, whatever is left to send (a peer may have stopped reading)."""
         if self.failure is None:
             self.failure = reason
-        transport = getattr(self, "_transport", None)
+        transport = getattr(self, "_transport", None)  # both set once the connection is made
+        processor = getattr(self, "processor", None)
         if transport is not None:
             transport.abort()
-        with contextlib.suppress(AttributeError):  # already closed
-            self.processor.close(reason)
+        if processor is not None:
+            processor.close(reason)
 
 
 class _Channel(Channel):
