@@ -103,8 +103,9 @@ KUBELET = CpuMeter()
 def meter_kubelet(kubelet: Any) -> None:
     """Meter the simulated kubelet's own work as simulator: its answers (the state they are read
     from, building and serialising them), its process and pod-log (and CDI) trees, and its side
-    of the HTTP/2 connections (the h2 state machine of each server connection). What stays
-    unmetered is small: the connection's asyncio task and socket reads, the client's side."""
+    of the HTTP/2 connections (grpclib's protocol on each connection it accepts: h2's state
+    machine and the server's frame handling). What stays unmetered is small: the handlers'
+    asyncio tasks and socket reads, the client's side."""
     if kubelet is None:
         return
     if hasattr(kubelet, "sync_files"):  # the whole refresh, in one function on a worker thread
@@ -112,54 +113,31 @@ def meter_kubelet(kubelet: Any) -> None:
     else:
         KUBELET.wrap(kubelet, "_processes")
     served = getattr(kubelet, "_server", None)
-    handlers = getattr(served, "_handlers", None)
-    if isinstance(handlers, dict):  # the hand-written gRPC server of earlier revisions
-        for path, handler in list(handlers.items()):
-            handlers[path] = KUBELET.wrap_async(handler)
-        _meter_server_connections()
-    else:  # a grpclib (earlier: grpc.aio) server: its servicer reads state() through _provider
-        server = (
-            sys.modules.get("gpu_exporter.simulator.podresources_server")
-            or sys.modules["gpu_exporter.allocation.server"]
-        )
-        for name in ("list_response", "allocatable_response"):
-            KUBELET.wrap(server, name)
-        if served is not None:
-            KUBELET.wrap(served, "_provider")
+    server = sys.modules["gpu_exporter.simulator.podresources_server"]
+    for name in ("list_response", "allocatable_response"):
+        KUBELET.wrap(server, name)
+    if served is not None:  # its servicer reads state() through _provider
+        KUBELET.wrap(served, "_provider")
+    _meter_server_connections(server)
     for attribute in () if hasattr(kubelet, "sync_files") else ("_tree", "_cdi"):
         tree = getattr(kubelet, attribute, None)
         if tree is not None:
             KUBELET.wrap(tree, "sync")
 
 
-# The server connection's synchronous h2 work (none of these calls another of them).
-_H2_SERVER_CALLS = (
-    "receive_data",
-    "data_to_send",
-    "send_headers",
-    "send_data",
-    "acknowledge_received_data",
-    "local_flow_control_window",
-)
-
-
-def _meter_server_connections() -> None:
-    wire = sys.modules.get("gpu_exporter.allocation.grpcwire")
-    cls = getattr(wire, "_ServerConnection", None)
-    if cls is None or getattr(cls, "_bench_metered", False):
+def _meter_server_connections(server: Any) -> None:
+    """Every connection the simulated kubelet accepts from now on: its ``data_received``."""
+    cls = server._Server
+    if getattr(cls, "_bench_metered", False):
         return
-    original = cls.__init__
+    original = cls._protocol_factory
 
-    def init(self: Any, *args: Any, **kwargs: Any) -> None:
-        start = time.thread_time_ns()
-        try:
-            original(self, *args, **kwargs)
-        finally:
-            KUBELET.add(time.thread_time_ns() - start)
-        for name in _H2_SERVER_CALLS:
-            KUBELET.wrap(self._conn, name)
+    def protocol_factory(self: Any) -> Any:
+        protocol = original(self)
+        KUBELET.wrap(protocol, "data_received")
+        return protocol
 
-    cls.__init__ = init
+    cls._protocol_factory = protocol_factory
     cls._bench_metered = True
 
 
