@@ -25,7 +25,10 @@ from simmeter import SimMeter
 
 from gpu_exporter.collectors import Cadence, collector_names
 from gpu_exporter.config import Config
-from gpu_exporter.nvml import WorkerPool
+from gpu_exporter.dcgm.readings import DcgmLink
+from gpu_exporter.ledger import ActivityLedger
+from gpu_exporter.migprofiles import MigProfileBook
+from gpu_exporter.nvml import ErrorCounter, WorkerPool
 from gpu_exporter.sampler import Sampler
 from gpu_exporter.simulator import SimulatedNode, install, load_scenario, uninstall
 
@@ -62,7 +65,15 @@ async def _measure(scenario: Path, rounds: int, warmup: int) -> dict[str, Any]:
     install(node)
     pool = WorkerPool(size=4)
     config = Config(listen_host="127.0.0.1", listen_port=0, collectors=frozenset(collector_names()))
-    sampler = Sampler(config, pool, clock=clock)
+    sampler = Sampler(
+        config,
+        pool,
+        ledger=ActivityLedger(),
+        mig_profiles=MigProfileBook(),
+        errors=ErrorCounter(),
+        dcgm=DcgmLink(),
+        clock=clock,
+    )
     try:
         await sampler.start(background=False)
         await sampler.sample_round(Cadence.SLOW)

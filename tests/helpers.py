@@ -5,7 +5,7 @@ from __future__ import annotations
 import textwrap
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -13,7 +13,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpu_exporter.app import Exporter, build_exporter
 from gpu_exporter.collectors import Cadence, collector_names
 from gpu_exporter.config import Config
-from gpu_exporter.nvml import WorkerPool
+from gpu_exporter.dcgm.readings import DcgmLink
+from gpu_exporter.ledger import ActivityLedger
+from gpu_exporter.migprofiles import MigProfileBook
+from gpu_exporter.nvml import ErrorCounter, WorkerPool
 from gpu_exporter.sampler import Sampler
 from gpu_exporter.simulator import SimulatedNode, install, loads_scenario, uninstall
 
@@ -53,12 +56,35 @@ def one(series: Series, name: str, **labels: str) -> float:
     return next(iter(found.values()))
 
 
+@dataclass(frozen=True)
+class SharedState:
+    """What the composition root (``app.build_exporter``) creates and hands to the sampler and
+    to the parts that read what it writes: tests wire the same way."""
+
+    ledger: ActivityLedger = field(default_factory=ActivityLedger)
+    mig_profiles: MigProfileBook = field(default_factory=MigProfileBook)
+    errors: ErrorCounter = field(default_factory=ErrorCounter)
+    dcgm: DcgmLink = field(default_factory=DcgmLink)
+
+    def sampler(self, config: Config, pool: WorkerPool, **options: Any) -> Sampler:
+        return Sampler(
+            config,
+            pool,
+            ledger=self.ledger,
+            mig_profiles=self.mig_profiles,
+            errors=self.errors,
+            dcgm=self.dcgm,
+            **options,
+        )
+
+
 @dataclass
 class SimulatedSampler:
     sampler: Sampler
     node: SimulatedNode
     clock: ManualClock
     sampler_pool: WorkerPool
+    shared: SharedState
 
     async def fast_round(self, seconds: float = 1.0) -> Series:
         self.clock.advance(seconds)
@@ -88,10 +114,11 @@ async def simulated_sampler(scenario: str, **config: Any) -> AsyncIterator[Simul
     node = SimulatedNode(loads_scenario(textwrap.dedent(scenario), "<test>"), clock=clock)
     install(node)
     pool = WorkerPool(size=4)
-    sampler = Sampler(make_config(**config), pool, clock=clock)
+    shared = SharedState()
+    sampler = shared.sampler(make_config(**config), pool, clock=clock)
     try:
         await sampler.start(background=False)
-        yield SimulatedSampler(sampler, node, clock, pool)
+        yield SimulatedSampler(sampler, node, clock, pool, shared)
     finally:
         await sampler.stop()
         pool.shutdown()

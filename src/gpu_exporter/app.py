@@ -18,13 +18,16 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from .config import DEFAULT_POD_RESOURCES_SOCKET, Config
+from .dcgm.readings import DcgmLink
 from .http.admin import admin_routes
 from .http.listener import WebServer, listen
 from .http.server import make_web_app
 from .http.webguard import RequestGuard
 from .http.webreload import WebConfigReloader
+from .ledger import ActivityLedger
 from .logs import get_logger
-from .nvml import WorkerPool
+from .migprofiles import MigProfileBook
+from .nvml import ErrorCounter, WorkerPool
 from .pci import ExpectedGpus
 from .sampler import Sampler
 from .xid import XidSettings, XidSubsystem
@@ -125,15 +128,31 @@ def build_exporter(config: Config) -> Exporter:
     if config.simulator is not None:
         simulation, extra_routes = _start_simulation(config)
         config = _simulated_paths(config, simulation)
-    sampler = Sampler(config, pool)
+    # State several parts share, created here and handed to each part that reads or writes it:
+    # the collectors' activity integrals and MIG profile tables (allocation accounts and
+    # right-sizes from them), the NVML error counts (process listing calls NVML too), and which
+    # devices DCGM serves with its readings (the DCGM service writes it; discovery and the
+    # activity collectors read it).
+    ledger, mig_profiles, errors, dcgm_link = (
+        ActivityLedger(),
+        MigProfileBook(),
+        ErrorCounter(),
+        DcgmLink(),
+    )
+    sampler = Sampler(
+        config, pool, ledger=ledger, mig_profiles=mig_profiles, errors=errors, dcgm=dcgm_link
+    )
     sampler.add_source(ExpectedGpus(config.sysfs_path, lambda: _visible_gpus(sampler)))
     # The simulated kubelet serves the allocation subsystem alone: without it, nothing to play.
     kubelet = _simulated_kubelet(simulation) if config.allocation else None
-    allocation = _build_allocation(config, sampler, pool, kubelet) if config.allocation else None
-    if allocation is not None:
+    allocation = None
+    if config.allocation:
+        allocation = _build_allocation(
+            config, sampler, pool, kubelet, ledger=ledger, mig_profiles=mig_profiles, errors=errors
+        )
         sampler.add_source(allocation)
         sampler.add_round_listener(allocation)
-    dcgm = _build_dcgm(config, sampler, pool, simulation)
+    dcgm = _build_dcgm(config, sampler, pool, simulation, dcgm_link)
     if dcgm is not None:
         sampler.add_source(dcgm)
     xid = _build_xid(config, sampler, simulation, allocation)
@@ -177,7 +196,7 @@ def build_exporter(config: Config) -> Exporter:
 
 
 def _build_dcgm(
-    config: Config, sampler: Sampler, pool: WorkerPool, simulation: Any
+    config: Config, sampler: Sampler, pool: WorkerPool, simulation: Any, link: DcgmLink
 ) -> DcgmService | None:
     """The DCGM activity source; under --simulate the simulated node's fake libdcgm."""
     target = config.dcgm_target
@@ -194,7 +213,7 @@ def _build_dcgm(
         library=library,
         target=target,
         devices=sampler.devices,
-        link=sampler.ledger.dcgm,
+        link=link,
         executor=pool,
         interval=config.fast_interval,
         call_timeout=max(2 * config.nvml_timeout, 5.0),
@@ -251,7 +270,14 @@ def _simulated_kubelet(simulation: Any) -> Any:
 
 
 def _build_allocation(
-    config: Config, sampler: Sampler, pool: WorkerPool, kubelet: Any
+    config: Config,
+    sampler: Sampler,
+    pool: WorkerPool,
+    kubelet: Any,
+    *,
+    ledger: ActivityLedger,
+    mig_profiles: MigProfileBook,
+    errors: ErrorCounter,
 ) -> AllocationSubsystem:
     from .allocation.subsystem import AllocationSubsystem
 
@@ -275,8 +301,8 @@ def _build_allocation(
         mig_minors_path=caps / "mig-minors",
         self_pod=config.self_pod,
         devices=sampler.devices,
-        ledger=sampler.ledger,
-        mig_profiles=sampler.mig_profiles,
+        ledger=ledger,
+        mig_profiles=mig_profiles,
         executor=pool,
         idle_threshold=config.idle_threshold,
         poll_interval=config.pod_resources_interval,
@@ -284,7 +310,7 @@ def _build_allocation(
         update_interval=None,
         allocatable_interval=config.slow_interval,
         process_interval=5.0 if config.container_memory else None,
-        errors=sampler.errors,
+        errors=errors,
     )
 
 

@@ -3,9 +3,7 @@
 The activity and utilisation collectors record their ``_seconds_total`` integrals here after each
 sample; allocation accounting reads them to tell idle from busy time without calling NVML.
 ``sm_band`` names the SM activity band of an interval's mean, for the per-device band counters
-(and, over the same ledger intervals, a per-holder twin). ``dcgm`` says which devices a DCGM
-host engine serves activity for, and holds its readings (the DCGM service fills it; discovery,
-the activity collectors and through them idle accounting read it).
+(and, over the same ledger intervals, a per-holder twin).
 """
 
 from __future__ import annotations
@@ -13,8 +11,6 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 from enum import Enum
-
-from .dcgm.readings import DcgmLink
 
 # SM activity bands, by an interval's mean: below 10% idle-ish, above 50% a busy kernel stream.
 SM_BANDS = ("low", "mid", "high")
@@ -45,7 +41,6 @@ class ActivityLedger:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._points: dict[tuple[str, ActivityKind], ActivityPoint] = {}
-        self.dcgm = DcgmLink()
 
     def record(self, uuid: str, kind: ActivityKind, at: float, seconds_total: float) -> None:
         with self._lock:

@@ -13,6 +13,7 @@ from gpu_exporter.nvml import WorkerPool
 from gpu_exporter.sampler import Sampler
 from gpu_exporter.simulator import SimulatedNode, install, load_scenario, uninstall
 from gpu_exporter.simulator.kubelet import SimulatedKubelet
+from tests.helpers import SharedState
 
 
 @asynccontextmanager
@@ -24,12 +25,13 @@ async def live_builtin_node(
     install(node)
     pool = WorkerPool(size=4, name=pool_name)
     config = Config(fast_interval=fast, slow_interval=30.0, collectors=frozenset(collector_names()))
-    sampler = Sampler(config, pool)
+    shared = SharedState()
+    sampler = shared.sampler(config, pool)
     kubelet = SimulatedKubelet(node)
     subsystem = AllocationSubsystem(
         socket_path=kubelet.socket_path,
         devices=sampler.devices,
-        ledger=sampler.ledger,
+        ledger=shared.ledger,
         executor=pool,
         poll_interval=fast,
         update_interval=fast / 2,

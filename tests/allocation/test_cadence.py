@@ -18,7 +18,7 @@ from gpu_exporter.nvml import WorkerPool
 from gpu_exporter.sampler import Sampler
 from gpu_exporter.simulator import SimulatedNode, install, load_scenario, uninstall
 from gpu_exporter.simulator.kubelet import SimulatedKubelet
-from tests.helpers import ManualClock, make_config, parse_exposition, select
+from tests.helpers import ManualClock, SharedState, make_config, parse_exposition, select
 
 from .helpers import UUID_A, UUID_B, FakeClock, FakeKubelet, devices, named, series
 
@@ -107,11 +107,12 @@ async def rounds_node(short_dir: Path) -> AsyncIterator[tuple[Sampler, ManualClo
     install(node)
     pool = WorkerPool(size=4)
     kubelet = SimulatedKubelet(node, short_dir / "kubelet.sock", files_root=short_dir / "host")
-    sampler = Sampler(make_config(fast_interval=1.0, slow_interval=60.0), pool, clock=clock)
+    shared = SharedState()
+    sampler = shared.sampler(make_config(fast_interval=1.0, slow_interval=60.0), pool, clock=clock)
     allocation = AllocationSubsystem(
         socket_path=kubelet.socket_path,
         devices=sampler.devices,
-        ledger=sampler.ledger,
+        ledger=shared.ledger,
         executor=pool,
         update_interval=None,
         process_interval=None,

@@ -30,7 +30,7 @@ from gpu_exporter.nvml import WorkerPool
 from gpu_exporter.sampler import Sampler
 from gpu_exporter.simulator import SimulatedNode, install, load_scenario, uninstall
 from gpu_exporter.simulator.kubelet import SimulatedKubelet
-from tests.helpers import ManualClock, Series, make_config, parse_exposition, select
+from tests.helpers import ManualClock, Series, SharedState, make_config, parse_exposition, select
 
 from .helpers import GPU_A, MIG_B1
 
@@ -71,16 +71,17 @@ async def builtin_node(short_dir: Path) -> AsyncIterator[Node]:
     install(node)
     pool = WorkerPool(size=4)
     kubelet = SimulatedKubelet(node, short_dir / "kubelet.sock", files_root=short_dir / "host")
-    sampler = Sampler(make_config(fast_interval=60.0, slow_interval=60.0), pool, clock=clock)
+    shared = SharedState()
+    sampler = shared.sampler(make_config(fast_interval=60.0, slow_interval=60.0), pool, clock=clock)
     allocation = AllocationSubsystem(
         socket_path=kubelet.socket_path,
         devices=sampler.devices,
-        ledger=sampler.ledger,
-        mig_profiles=sampler.mig_profiles,
+        ledger=shared.ledger,
+        mig_profiles=shared.mig_profiles,
         executor=pool,
         proc_path=kubelet.proc_path,
         pod_logs_path=kubelet.pod_logs_path,
-        errors=sampler.errors,
+        errors=shared.errors,
         clock=clock,
     )
     sampler.add_source(allocation)

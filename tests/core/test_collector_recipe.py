@@ -17,7 +17,15 @@ from gpu_exporter.exposition import gauge, label_string
 from gpu_exporter.nvml import DeviceCalls, WorkerPool
 from gpu_exporter.sampler import Sampler
 from gpu_exporter.simulator import SimulatedNode, install, loads_scenario, uninstall
-from tests.helpers import ManualClock, Series, make_config, one, parse_exposition, select
+from tests.helpers import (
+    ManualClock,
+    Series,
+    SharedState,
+    make_config,
+    one,
+    parse_exposition,
+    select,
+)
 
 # Step 1: a module-level family, a pre-rendered label string, a Collector subclass.
 DIE_TEMPERATURE = gauge("gpu_recipe_die_temperature_celsius", "The die temperature, again, in °C.")
@@ -54,7 +62,9 @@ async def sampler_with(collector: type[Collector]) -> AsyncIterator[tuple[Sample
     pool = WorkerPool(size=2)
     config = make_config(collectors=frozenset({"temperature", collector.name}))
     # Step 3 is ALL_COLLECTORS; the sampler takes the same tuple as a parameter.
-    sampler = Sampler(config, pool, collectors=(*ALL_COLLECTORS, collector), clock=clock)
+    sampler = SharedState().sampler(
+        config, pool, collectors=(*ALL_COLLECTORS, collector), clock=clock
+    )
     try:
         await sampler.start(background=False)
         yield sampler, clock

@@ -70,7 +70,7 @@ async def dcgm_rig(
             library=lambda: DcgmLibrary(sim.node.dcgm_library),
             target=target or parse_target("127.0.0.1:5555"),
             devices=sim.sampler.devices,
-            link=sim.sampler.ledger.dcgm,
+            link=sim.shared.dcgm,
             executor=sim.sampler_pool,
             interval=1.0,
             call_timeout=call_timeout,

@@ -65,7 +65,7 @@ async def test_idle_accounting_judges_by_dcgm_sm_activity_not_nvml_utilisation()
         await started(rig)
         l40s = next(d.id for d in rig.sim.sampler.devices() if d.id.index == 1)
         assert l40s.dcgm_served
-        accountant = IdleAccountant(rig.sim.sampler.ledger, threshold=0.05)
+        accountant = IdleAccountant(rig.sim.shared.ledger, threshold=0.05)
         pod = ("research", "notebook")
         for _ in range(20):
             await rig.step()
@@ -73,7 +73,7 @@ async def test_idle_accounting_judges_by_dcgm_sm_activity_not_nvml_utilisation()
         series = rig.series()
     (usage,) = list(accountant.usages())
     assert one(series, "gpu_utilization_ratio", gpu="1") == 1.0, "NVML says busy"
-    assert rig.sim.sampler.ledger.latest(l40s.uuid, ActivityKind.SM_ACTIVE) is not None
+    assert rig.sim.shared.ledger.latest(l40s.uuid, ActivityKind.SM_ACTIVE) is not None
     assert usage.idle == pytest.approx(usage.allocated, abs=1.5), "SM 2% is idle"
     assert usage.allocated >= 18
 

@@ -24,7 +24,7 @@ from gpu_exporter.sampler import Sampler
 from gpu_exporter.simulator import SimulatedNode, install, load_scenario, uninstall
 from gpu_exporter.simulator.kubelet import SimulatedKubelet
 from gpu_exporter.xid import XidSubsystem
-from tests.helpers import ManualClock, make_config
+from tests.helpers import ManualClock, SharedState, make_config
 
 HERE = Path(__file__).resolve().parent
 SCENARIO = HERE / "scenario.yaml"
@@ -46,19 +46,20 @@ async def golden_exposition() -> str:
     # Rounds wait for their jobs up to min(nvml timeout, interval) of real time: long enough here
     # that a loaded machine never turns a slow job into a "hung" one and changes the file.
     config = make_config(fast_interval=60.0, slow_interval=60.0, nvml_timeout=60.0)
-    sampler = Sampler(config, pool, clock=clock)
+    shared = SharedState()
+    sampler = shared.sampler(config, pool, clock=clock)
     try:
         await kubelet.start()
         await sampler.start(background=False)
         allocation = AllocationSubsystem(
             socket_path=kubelet.socket_path,
             devices=sampler.devices,
-            ledger=sampler.ledger,
-            mig_profiles=sampler.mig_profiles,
+            ledger=shared.ledger,
+            mig_profiles=shared.mig_profiles,
             executor=pool,
             proc_path=kubelet.proc_path,
             pod_logs_path=kubelet.pod_logs_path,
-            errors=sampler.errors,
+            errors=shared.errors,
             clock=clock,
             wall_clock=lambda: WALL_EPOCH + clock(),
         )

@@ -272,7 +272,7 @@ def make_activity_source(device: Device, context: CollectorContext) -> ActivityS
     source = activity_source_name(device.id)
     if source == "gpm":
         return GpmSource(device, context)
-    readings = context.ledger.dcgm.readings
+    readings = context.dcgm.readings
     if source == "dcgm" and readings is not None:
         return DcgmActivitySource(device.uuid, readings, context.clock)
     return None

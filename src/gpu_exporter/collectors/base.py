@@ -18,6 +18,7 @@ from enum import Enum
 from typing import ClassVar
 
 from ..config import Config
+from ..dcgm.readings import DcgmLink
 from ..devices import Device, DeviceId
 from ..exposition import BlockWriter, Family
 from ..ledger import ActivityLedger
@@ -46,6 +47,8 @@ class CollectorContext:
     ledger: ActivityLedger = field(default_factory=ActivityLedger)
     # Each GPU's MIG profile table, for right-sizing (the mig_profiles collector writes it).
     mig_profiles: MigProfileBook = field(default_factory=MigProfileBook)
+    # Which devices DCGM serves, and its readings for their activity collectors.
+    dcgm: DcgmLink = field(default_factory=DcgmLink)
     # Told (from a worker thread) each time a device reports a failed row remap: the drain latch.
     on_remap_failure: Callable[[DeviceId], None] = lambda device: None
     # Field values, read once per device and round for all collectors (see fields.py).

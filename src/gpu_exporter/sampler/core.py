@@ -15,6 +15,7 @@ import pynvml
 
 from ..collectors import ALL_COLLECTORS, Cadence, Collector, CollectorContext
 from ..config import Config
+from ..dcgm.readings import DcgmLink
 from ..devices import Device, DeviceId, Gpu, SystemInfo, discover_gpu, init_nvml
 from ..exposition import Exposition, render, render_blocks
 from ..ledger import ActivityLedger
@@ -46,24 +47,33 @@ class Sampler:
         config: Config,
         pool: WorkerPool,
         *,
+        ledger: ActivityLedger,
+        mig_profiles: MigProfileBook,
+        errors: ErrorCounter,
+        dcgm: DcgmLink,
         collectors: Sequence[type[Collector]] = ALL_COLLECTORS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``ledger``, ``mig_profiles`` and ``errors`` are shared with other parts (the
+        composition root creates them): the collectors write the first two, and every NVML
+        caller counts into ``errors``. ``dcgm`` says which devices DCGM serves and hands the
+        activity collectors its readings."""
         self._config = config
         self._pool = pool
         self._collector_types = tuple(c for c in collectors if c.name in config.collectors)
         self._clock = clock
-        self.ledger = ActivityLedger()
-        self.mig_profiles = MigProfileBook()  # each GPU's MIG profiles, for right-sizing
+        self._ledger = ledger
+        self._dcgm = dcgm
         self._context = CollectorContext(
             config=config,
             clock=clock,
-            ledger=self.ledger,
-            mig_profiles=self.mig_profiles,
+            ledger=ledger,
+            mig_profiles=mig_profiles,
+            dcgm=dcgm,
             on_remap_failure=self._remap_failed,
         )
         self._support = SupportRegistry()
-        self._errors = ErrorCounter()
+        self._errors = errors
         self._rlog = RateLimitedLog(_log, period=60.0, clock=clock)
         self._outcomes = Outcomes(
             pool, self._errors, self._rlog, clock=clock, nvml_timeout=config.nvml_timeout
@@ -138,11 +148,6 @@ class Sampler:
         self._family_order = family_order(self._collector_types, self._sources)
 
     # -- what the HTTP side reads ------------------------------------------------------------
-
-    @property
-    def errors(self) -> ErrorCounter:
-        """NVML error counts, shared with other parts that call NVML (process listing)."""
-        return self._errors
 
     @property
     def exposition(self) -> Exposition:
@@ -242,7 +247,7 @@ class Sampler:
         work: dict[concurrent.futures.Future[Any], Pending] = {}
         if cadence is Cadence.FAST:
             self._submit_probes(work)
-        if cadence is Cadence.SLOW or self.ledger.dcgm.take_change():
+        if cadence is Cadence.SLOW or self._dcgm.take_change():
             self._submit_inventory(work)
         deadline = min(self._config.nvml_timeout, interval)
         self._submit_jobs(cadence, work)
@@ -310,7 +315,7 @@ class Sampler:
         state.jobs = []
         if state.gpu is not None:
             for device in state.gpu.devices():
-                self.ledger.forget(device.uuid)
+                self._ledger.forget(device.uuid)
             lost = state.gpu.device.id
             self._tell_listeners(lambda listener: listener.device_lost(lost))
 
@@ -424,7 +429,7 @@ class Sampler:
                 _log.exception("round listener failed", listener=type(listener).__name__)
 
     def _discovery(self, index: int) -> Callable[[], Gpu]:
-        return partial(discover_gpu, index, self._support, self._errors, self.ledger.dcgm)
+        return partial(discover_gpu, index, self._support, self._errors, self._dcgm)
 
     # -- rendering ---------------------------------------------------------------------------
 
