@@ -90,6 +90,7 @@ async def _measure(scenario: Path, rounds: int, warmup: int) -> dict[str, Any]:
             t1 = time.process_time_ns()
             # One read per round, as if every round were scraped (the worst case: rendering
             # waits for a reader, and at a 15 s scrape interval most rounds have none).
+            sampler.note_read()
             sampler.exposition  # noqa: B018
             t2 = time.process_time_ns()
             total.append(t2 - t0)

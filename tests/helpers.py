@@ -96,6 +96,8 @@ class SimulatedSampler:
         return self.series()
 
     def series(self) -> Series:
+        """What a scrape gets now (and, as a scrape does, the sampler is told it was read)."""
+        self.sampler.note_read()
         return parse_exposition(self.sampler.exposition.text.decode())
 
     def inject(self, event: Mapping[str, Any]) -> None:

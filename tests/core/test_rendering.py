@@ -1,9 +1,10 @@
 """When the exposition is rendered: on read, once per round, and off the loop while scraped.
 
 A round nobody reads only marks the exposition stale: the next read renders it, and a job's
-samples are formatted by that first render. While the exposition is read every round (scrapers
-are active), the jobs format their own lines on the worker threads and the round's end renders
-the whole exposition on a thread, so that the next scrape finds it ready."""
+samples are formatted by that first render. While the exposition is scraped every round (the
+``/metrics`` handler tells the sampler with ``note_read``), the jobs format their own lines on
+the worker threads and the round's end renders the whole exposition on a thread, so that the
+next scrape finds it ready. Reading the exposition by itself steers nothing."""
 
 from __future__ import annotations
 
@@ -69,6 +70,12 @@ async def fast_round(sim: SimulatedSampler) -> None:
     await sim.sampler.sample_round(Cadence.FAST)
 
 
+def scrape(sim: SimulatedSampler) -> exposition.Exposition:
+    """What the ``/metrics`` handler does: tell the sampler a scraper reads, then read."""
+    sim.sampler.note_read()
+    return sim.sampler.exposition
+
+
 async def test_rounds_nobody_reads_format_nothing(formatting: list[str]) -> None:
     async with simulated_sampler(SCENARIO) as sim:
         formatting.clear()
@@ -96,7 +103,7 @@ async def during_a_round_after_a_read(sim: SimulatedSampler, recorded: list[str]
     """What ``recorded`` gathered during a fast round that followed a scraper's read; it is
     left empty, to gather what comes after."""
     await fast_round(sim)
-    sim.sampler.exposition  # noqa: B018  (a scraper read this round)
+    scrape(sim)
     recorded.clear()
     await fast_round(sim)
     during = list(recorded)
@@ -107,7 +114,7 @@ async def during_a_round_after_a_read(sim: SimulatedSampler, recorded: list[str]
 async def test_while_scraped_the_jobs_format_on_the_workers(formatting: list[str]) -> None:
     async with simulated_sampler(SCENARIO) as sim:
         formatted_by_jobs = set(await during_a_round_after_a_read(sim, formatting))
-        sim.sampler.exposition  # noqa: B018
+        scrape(sim)
         on_loop = len(formatting)
     loop = threading.current_thread().name
     assert formatted_by_jobs, "the round after a read left its formatting to the next read"
@@ -143,12 +150,25 @@ async def test_while_scraped_the_round_writes_the_sources_blocks_on_its_render_t
 async def test_rounds_nobody_reads_are_not_rendered_ahead(renders: list[str]) -> None:
     async with simulated_sampler(SCENARIO) as sim:
         await fast_round(sim)
-        sim.sampler.exposition  # noqa: B018
-        await fast_round(sim)  # rendered ahead: the previous round was read
+        scrape(sim)
+        await fast_round(sim)  # rendered ahead: the previous round was scraped
         renders.clear()
         for _ in range(3):
             await fast_round(sim)
     assert renders == [], "rounds nobody read were rendered"
+
+
+async def test_a_read_that_is_not_a_scrape_leaves_the_next_round_as_it_was(
+    formatting: list[str], renders: list[str]
+) -> None:
+    async with simulated_sampler(SCENARIO) as sim:
+        await fast_round(sim)
+        sim.sampler.exposition  # noqa: B018  (read, and no note_read: nobody was served)
+        formatting.clear()
+        renders.clear()
+        await fast_round(sim)
+    assert formatting == [], "reading the exposition made the next round format its samples"
+    assert renders == [], "reading the exposition made the next round render ahead"
 
 
 async def test_a_read_while_the_round_renders_gets_the_previous_round_and_keeps_news(
@@ -167,7 +187,7 @@ async def test_a_read_while_the_round_renders_gets_the_previous_round_and_keeps_
     monkeypatch.setattr("gpu_exporter.sampler.core.render_blocks", held_off_the_loop)
     async with simulated_sampler(SCENARIO) as sim:
         await fast_round(sim)
-        previous = sim.sampler.exposition
+        previous = scrape(sim)
         round_task = asyncio.create_task(fast_round(sim))
         assert await asyncio.to_thread(started.wait, 10), "the round did not render on a thread"
         assert sim.sampler.exposition is previous, "a read during the round's render waited for it"

@@ -52,10 +52,7 @@ class DcgmRig:
         return self.series()
 
     def series(self) -> Series:
-        exposition = self.sim.sampler.exposition.text.decode()
-        from tests.helpers import parse_exposition
-
-        return parse_exposition(exposition)
+        return self.sim.series()
 
     def inject(self, event: dict[str, Any]) -> None:
         self.sim.inject(event)

@@ -278,6 +278,36 @@ async def web_server(
         await server.stop()
 
 
+class CountedReads(OneRender):
+    """A kept render that counts the requests that told it they served it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads = 0
+
+    def note_read(self) -> None:
+        self.reads += 1
+
+
+async def test_scrapes_and_the_status_page_tell_the_sampler_they_read_and_probes_do_not() -> None:
+    """What steers rendering ahead of the scrapers is the handler's call, not reading."""
+    sampler = CountedReads()
+    guard = RequestGuard(None, max_requests=4)
+    app = make_web_app(sampler, (), guard)  # type: ignore[arg-type]
+    server = await start_web_server(app, make_config(), guard)
+    told = {}
+    try:
+        async with aiohttp.ClientSession(f"http://127.0.0.1:{server.port}") as session:
+            for path in ("/metrics", "/", "/status.json", "/healthz", "/readyz"):
+                before = sampler.reads
+                async with session.get(path) as response:
+                    assert response.status == 200, f"{path} answered {response.status}"
+                told[path] = sampler.reads - before
+    finally:
+        await server.stop()
+    assert told == {"/metrics": 1, "/": 1, "/status.json": 1, "/healthz": 0, "/readyz": 0}
+
+
 async def test_scrapes_waiting_for_the_gzip_body_hold_no_request_slot() -> None:
     """The body is built once for every scrape waiting on it: a burst of gzip scrapes after a
     render must not turn others away 503 (--web.max-requests) for as long as it takes."""

@@ -135,6 +135,9 @@ class StubSampler:
     def problems(self) -> list[str]:
         return []
 
+    def note_read(self) -> None:
+        pass
+
     @property
     def exposition(self) -> Any:
         from gpu_exporter.exposition import render

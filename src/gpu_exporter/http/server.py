@@ -72,7 +72,9 @@ def server_settings(read_timeout: float) -> dict[str, Any]:
 async def metrics(request: web.Request) -> web.Response:
     """Serve the last render's bytes: no NVML call, no encoding on the loop (its gzip body is
     built once per render, on a thread: gzipped.py)."""
-    exposition = request.app[SAMPLER_KEY].exposition
+    sampler = request.app[SAMPLER_KEY]
+    sampler.note_read()  # scrapers are reading: the next rounds render ahead of them
+    exposition = sampler.exposition
     openmetrics = wants_openmetrics(request.headers.get("Accept", ""))
     gzipped = accepts_gzip(request.headers.get("Accept-Encoding", ""))
     headers = {"Content-Type": OPENMETRICS_CONTENT_TYPE if openmetrics else TEXT_CONTENT_TYPE}
@@ -125,11 +127,13 @@ async def status_page(request: web.Request) -> web.Response:
                 f"{MAX_REFRESH_SECONDS}, got {raw[:20]!r}\n",
             )
         refresh = int(raw)
+    request.app[SAMPLER_KEY].note_read()
     body = request.app[STATUS_KEY].html(refresh)
     return web.Response(body=body, content_type="text/html", charset="utf-8")
 
 
 async def status_json(request: web.Request) -> web.Response:
     """The status page's data for scripts (schema: ``gpu_exporter/data/status.schema.json``)."""
+    request.app[SAMPLER_KEY].note_read()
     body = request.app[STATUS_KEY].json()
     return web.Response(body=body, content_type="application/json", charset="utf-8")

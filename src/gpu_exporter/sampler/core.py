@@ -92,7 +92,7 @@ class Sampler:
         self._news_count = 0  # rounds settled and event sources' news, so far
         self._shown = 0  # the news the exposition reflects
         self._ahead: int | None = None  # the news being rendered on a thread, if any
-        self._read = False  # the exposition was read since the last round was submitted
+        self._read = False  # note_read() since the last round was submitted
         self._read_since_news = False
         self._family_order = family_order(self._collector_types, self._sources)
         self._news = asyncio.Event()
@@ -153,14 +153,21 @@ class Sampler:
     def exposition(self) -> Exposition:
         """The exposition as of the last round, rendered now if it has not been since.
 
-        Rendering waits for a reader (a scrape, the status page): most rounds are never
-        scraped (1 s rounds, 15 s scrapes), so the rounds between scrapes render nothing. While
-        a round is rendered on a thread (:meth:`_publish_round`), reads get the previous one."""
-        self._read = self._read_since_news = True
+        Rendering waits for a reader: most rounds are never scraped (1 s rounds, 15 s scrapes),
+        so the rounds between scrapes render nothing. While a round is rendered on a thread
+        (:meth:`_publish_round`), reads get the previous one. Reading changes nothing else:
+        a reader that serves the exposition says so with :meth:`note_read`."""
         if self._shown < self._news_count and self._ahead != self._news_count:
             self._shown = self._news_count
             self._exposition = render_blocks(blocks_of(self._parts()), self._family_order)
         return self._exposition
+
+    def note_read(self) -> None:
+        """A reader served the exposition (a scrape, the status page; on the event loop).
+        While it is read every round, the next round formats its samples on the worker threads
+        and is rendered on a thread as it settles, so that the next read finds it ready; rounds
+        after which nobody read render nothing until a read."""
+        self._read = self._read_since_news = True
 
     @property
     def ready(self) -> bool:
