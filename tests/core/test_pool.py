@@ -1,4 +1,5 @@
-"""The worker pool: a hung call costs one thread, never the pool's capacity."""
+"""The worker pool: a hung call costs one thread, never the pool's capacity. A bounded call
+(``WorkerPool.call``) answers, raises, or gives up at its deadline, leaving the hung thread."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import threading
 
 import pytest
 
-from gpu_exporter.nvml import PoolExhausted, WorkerPool
+from gpu_exporter.nvml import CallTimedOut, PoolExhausted, WorkerPool
 
 
 def test_runs_jobs_and_returns_results() -> None:
@@ -72,6 +73,64 @@ def test_too_many_hung_jobs_refuse_new_work_instead_of_growing_forever() -> None
         release.set()
         hung.result(timeout=5)
         assert pool.submit(lambda: "ok").result(timeout=5) == "ok"
+    finally:
+        release.set()
+        pool.shutdown()
+
+
+# -- one bounded call: WorkerPool.call --------------------------------------------------------
+
+
+async def test_a_call_answers_from_a_worker_thread() -> None:
+    pool = WorkerPool(size=1, name="answers")
+    try:
+        thread = await pool.call(lambda: threading.current_thread().name, within=5)
+    finally:
+        pool.shutdown()
+    assert thread.startswith("answers-"), f"the call ran on {thread}, not on a pool worker"
+
+
+async def test_a_call_raises_what_the_function_raised() -> None:
+    pool = WorkerPool(size=1)
+    try:
+        with pytest.raises(ZeroDivisionError):
+            await pool.call(lambda: 1 / 0, within=5)
+    finally:
+        pool.shutdown()
+
+
+async def test_a_call_past_its_deadline_is_abandoned_and_the_pool_keeps_serving() -> None:
+    pool = WorkerPool(size=1)
+    release = threading.Event()
+
+    def hang() -> str:
+        release.wait(10)
+        return "late"
+
+    try:
+        with pytest.raises(CallTimedOut, match=r"no answer within 0\.05 s") as timed_out:
+            await pool.call(hang, within=0.05)
+        assert isinstance(timed_out.value, TimeoutError), "callers that catch TimeoutError miss it"
+        assert pool.abandoned_count == 1, "the hung call's worker was not abandoned"
+        assert await pool.call(lambda: "fresh", within=5) == "fresh", "no worker took its place"
+        hung = timed_out.value.future
+        assert not hung.done(), "the hung call was reported finished while it still ran"
+        release.set()
+        assert hung.result(timeout=5) == "late", "the error's future is not the call's own"
+        assert pool.wait_for_abandoned(5)
+    finally:
+        release.set()
+        pool.shutdown()
+
+
+async def test_a_call_is_refused_while_too_many_workers_are_stuck() -> None:
+    pool = WorkerPool(size=1, max_abandoned=1)
+    release = threading.Event()
+    try:
+        with pytest.raises(CallTimedOut):
+            await pool.call(lambda: release.wait(10), within=0.05)
+        with pytest.raises(PoolExhausted):
+            await pool.call(lambda: "never started", within=5)
     finally:
         release.set()
         pool.shutdown()

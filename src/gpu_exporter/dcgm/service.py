@@ -26,13 +26,13 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import suppress
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from ..devices import Device
 from ..exposition import Family, Sample, counter, gauge, label_string
 from ..families import SOURCE_UP, source_up
 from ..logs import RateLimiter, get_logger
-from ..nvml import PoolExhausted
+from ..nvml import CallTimedOut, PoolExhausted, WorkerPool
 from .library import DcgmError, DcgmLibrary, FieldValue
 from .readings import DcgmLink, DcgmSnapshot, FieldSample
 from .session import CONNECTION_LOST, Names, Session, WantedDevice
@@ -55,12 +55,6 @@ MAX_BACKOFF = 60.0
 RECHECK_S = 300.0
 
 
-class Executor(Protocol):
-    def submit(self, fn: Callable[[], T]) -> concurrent.futures.Future[T]: ...
-
-    def abandon(self, future: concurrent.futures.Future[Any]) -> None: ...
-
-
 class DcgmService:
     """A SampleSource (self-metrics) and the DcgmReadings the activity collectors read."""
 
@@ -73,7 +67,7 @@ class DcgmService:
         target: Target,
         devices: Callable[[], Iterable[Device]],
         link: DcgmLink,
-        executor: Executor,
+        executor: WorkerPool,
         interval: float = 1.0,
         call_timeout: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
@@ -238,18 +232,16 @@ class DcgmService:
     # -- helpers --------------------------------------------------------------------------
 
     async def _bounded(self, fn: Callable[[], T], step: str, session: Session | None) -> T:
-        """Run ``fn`` on a worker thread for at most the call timeout; count DCGM errors."""
+        """Run ``fn`` on a worker thread for at most the call timeout; count DCGM errors. A
+        call that hangs takes its session with it (closed once the call returns: :meth:`poll`)."""
         try:
-            future = self._executor.submit(fn)
+            return await self._executor.call(fn, within=self._timeout)
         except PoolExhausted as exc:
             raise TimeoutError(str(exc)) from exc
-        try:
-            return await asyncio.wait_for(asyncio.wrap_future(future), self._timeout)
-        except TimeoutError:
+        except CallTimedOut as exc:
             function = (session.lib.current_function if session else None) or step
             self._errors[(function, "timeout")] += 1
-            self._executor.abandon(future)
-            self._hung, self._hung_session = future, session
+            self._hung, self._hung_session = exc.future, session
             self._session = None
             raise
         except DcgmError as exc:

@@ -10,9 +10,10 @@ handles its own NVML errors (logged, the thread restarted), and device discovery
 
 from .calls import DeviceCalls, FieldValue, SupportRegistry
 from .errors import DeviceLost, ErrorCounter, NvmlUnavailable, error_name, value_of
-from .pool import PoolExhausted, WorkerPool
+from .pool import CallTimedOut, PoolExhausted, WorkerPool
 
 __all__ = [
+    "CallTimedOut",
     "DeviceCalls",
     "DeviceLost",
     "ErrorCounter",

@@ -4,10 +4,14 @@ NVML calls cannot be cancelled from Python (reference/nvml.md): a call stuck in 
 its thread. The pool lets the caller *abandon* such a job: a replacement worker starts so capacity
 stays the same, and the stuck worker exits quietly if its call ever returns. The number of
 abandoned threads is capped so a device that hangs every call cannot grow the process unbounded.
+
+Work that wants one answer within a deadline awaits :meth:`WorkerPool.call`; a round that waits
+for many jobs at once submits them and settles them itself (``sampler/jobs.settle``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import queue
 import threading
@@ -21,6 +25,18 @@ _Job = tuple[concurrent.futures.Future[Any], Callable[[], Any]]
 
 class PoolExhausted(RuntimeError):
     """Too many workers are stuck in hung calls to accept more work."""
+
+
+class CallTimedOut(TimeoutError):
+    """A :meth:`WorkerPool.call` got no answer within its deadline; its worker was abandoned.
+
+    ``future`` is the call's own: it completes if the call ever returns, which tells a caller
+    that keeps state tied to the call (a DCGM session) when it may be cleaned up."""
+
+    def __init__(self, timeout: float, future: concurrent.futures.Future[Any]) -> None:
+        super().__init__(f"no answer within {timeout:g} s")
+        self.timeout = timeout
+        self.future = future
 
 
 class WorkerPool:
@@ -56,6 +72,24 @@ class WorkerPool:
         future: concurrent.futures.Future[T] = concurrent.futures.Future()
         self._jobs.put((future, fn))
         return future
+
+    async def call(self, fn: Callable[[], T], *, within: float) -> T:
+        """``fn()`` on a worker thread, awaited for at most ``within`` seconds.
+
+        Raises what ``fn`` raised; :class:`CallTimedOut` when it has not returned by then (the
+        worker is abandoned: replaced, the call left to finish on its own thread);
+        :class:`PoolExhausted` when too many workers are stuck to start it. The deadline is the
+        pool's to keep, not an ``asyncio.timeout`` around the await: only the pool can abandon
+        the worker."""
+        future = self.submit(fn)
+        waiting = asyncio.wrap_future(future)
+        # asyncio.wait, not wait_for (see sampler/jobs.settle): Python 3.11's wait_for swallows
+        # a cancellation that arrives as the call returns, and a stopping caller never stops.
+        done, _ = await asyncio.wait((waiting,), timeout=within)
+        if not done:
+            self.abandon(future)
+            raise CallTimedOut(within, future)
+        return waiting.result()
 
     def abandon(self, future: concurrent.futures.Future[Any]) -> None:
         """Give up on a running job: its worker is replaced and exits when the call returns."""

@@ -106,7 +106,7 @@ class Sampler:
         With ``background=False`` no loop runs: the caller drives rounds with
         :meth:`sample_round` (the benchmark and deterministic tests do).
         """
-        self._system = await self._blocking(init_nvml, self._config.init_timeout)
+        self._system = await self._pool.call(init_nvml, within=self._config.init_timeout)
         self._nvml_up = True
         for index in range(self._system.gpu_count):
             self._gpus.append(await self._discover_initial(index))
@@ -132,7 +132,7 @@ class Sampler:
         if self._nvml_up:
             self._nvml_up = False
             try:
-                await self._blocking(pynvml.nvmlShutdown, 1.0)
+                await self._pool.call(pynvml.nvmlShutdown, within=1.0)
             except (TimeoutError, pynvml.NVMLError, PoolExhausted) as exc:
                 # Hung calls may hold every thread; the process exits cleanly all the same.
                 _log.warning("nvml shutdown failed", error=error_name(exc))
@@ -214,7 +214,7 @@ class Sampler:
 
     async def _discover_initial(self, index: int) -> GpuState:
         try:
-            gpu = await self._blocking(self._discovery(index), self._config.init_timeout)
+            gpu = await self._pool.call(self._discovery(index), within=self._config.init_timeout)
         except (DeviceLost, TimeoutError) as exc:
             _log.error("gpu did not answer at startup; will re-probe", gpu=index, error=str(exc))
             state = GpuState(index, None, Liveness.LOST)
@@ -490,16 +490,6 @@ class Sampler:
         )
 
     # -- helpers -----------------------------------------------------------------------------
-
-    async def _blocking(self, fn: Callable[[], Any], limit: float) -> Any:
-        future = self._pool.submit(fn)
-        waiting = asyncio.wrap_future(future)
-        # asyncio.wait, not wait_for (see jobs.settle): a cancellation is never swallowed.
-        done, _ = await asyncio.wait((waiting,), timeout=limit)
-        if not done:
-            self._pool.abandon(future)
-            raise TimeoutError(f"no answer within {limit:g} s")
-        return waiting.result()
 
     def _log_once(self, key: object, event: str, **fields: Any) -> None:
         self._rlog.warning(key, event, **fields)
