@@ -81,15 +81,20 @@ class DeviceId:
 def activity_source_name(device: DeviceId) -> str:
     """Which activity source ``device`` uses (``gpu_info``'s ``activity_source``): ``gpm``
     wherever the GPU has GPM, else ``dcgm`` where a DCGM host engine serves it, else ``none``.
-    Decided per device at discovery; the one place that answers it."""
+    Decided per device at discovery: the activity collectors read from the source it names."""
     if device.gpm_supported:
         return "gpm"
     return "dcgm" if device.dcgm_served else "none"
 
 
 def idle_activity_source(device: DeviceId) -> str:
-    """What idle accounting judges ``device`` by: its activity source (SM activity), else NVML
-    utilisation on a whole GPU; ``none`` on a MIG instance without an activity source."""
+    """The signal idle accounting prefers for ``device`` (``gpu_info``'s ``idle_source`` names
+    it): its activity source (SM activity), else NVML utilisation on a whole GPU; ``none`` on a
+    MIG instance without an activity source.
+
+    A preference, not the last word: while the ledger has no point of the preferred signal for
+    the device (GPM's first sample, a DCGM outage), accounting judges it by whichever signal the
+    ledger does have (``allocation/accounting.py``, ``IdleAccountant._activity_state``)."""
     source = activity_source_name(device)
     if source != "none":
         return source

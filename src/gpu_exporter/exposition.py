@@ -1,9 +1,10 @@
 """Prometheus exposition rendered once per sample and served as cached bytes.
 
-Scrapes never build metric objects: the sampler hands finished samples to :func:`render`, which
-writes both the classic text format and OpenMetrics, and :class:`ExpositionCache` keeps the bytes
-(and their gzip form, built on first request) until the next render. Label strings are escaped once
-when a device or a label set first appears, not on every sample.
+Scrapes never build metric objects: the sampler hands finished samples to :func:`render` (or
+blocks of them to :func:`render_blocks`), which writes both the classic text format and
+OpenMetrics into an :class:`Exposition`; the sampler keeps that until the next render, and every
+scrape is served its bytes (and their gzip form, built once per render). Label strings are
+escaped once when a device or a label set first appears, not on every sample.
 """
 
 from __future__ import annotations
