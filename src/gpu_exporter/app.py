@@ -133,12 +133,10 @@ def build_exporter(config: Config) -> Exporter:
     # right-sizes from them), the NVML error counts (process listing calls NVML too), and which
     # devices DCGM serves with its readings (the DCGM service writes it; discovery and the
     # activity collectors read it).
-    ledger, mig_profiles, errors, dcgm_link = (
-        ActivityLedger(),
-        MigProfileBook(),
-        ErrorCounter(),
-        DcgmLink(),
-    )
+    ledger = ActivityLedger()
+    mig_profiles = MigProfileBook()
+    errors = ErrorCounter()
+    dcgm_link = DcgmLink()
     sampler = Sampler(
         config, pool, ledger=ledger, mig_profiles=mig_profiles, errors=errors, dcgm=dcgm_link
     )
