@@ -35,7 +35,7 @@ from collections.abc import Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from ..config import Config
 from ..devices import Device, DeviceId
@@ -44,7 +44,7 @@ from ..families import SOURCE_UP
 from ..ledger import ActivityLedger
 from ..logs import RateLimitedLog, get_logger
 from ..migprofiles import MigProfileBook
-from ..nvml import ErrorCounter, PoolExhausted
+from ..nvml import CallTimedOut, ErrorCounter, PoolExhausted, WorkerPool
 from ..ticks import ticks
 from .accounting import IdleAccountant
 from .cdi import CdiIndex, CdiReader
@@ -75,14 +75,6 @@ _SOURCE_LABELS = label_string({"source": "pod_resources"})
 PID_RETENTION = 600.0
 
 
-class Executor(Protocol):
-    """What the subsystem needs from a worker pool (the sampler's WorkerPool fits)."""
-
-    def submit(self, fn: Callable[[], T]) -> concurrent.futures.Future[T]: ...
-
-    def abandon(self, future: concurrent.futures.Future[Any]) -> None: ...
-
-
 @dataclass(frozen=True)
 class _PidOwner:
     pod: PodKey
@@ -99,7 +91,7 @@ class AllocationSubsystem:
         socket_path: Path,
         devices: Callable[[], Iterable[Device]],
         ledger: ActivityLedger,
-        executor: Executor,
+        executor: WorkerPool,
         idle_threshold: float = Config.idle_threshold,
         proc_path: Path = Config.proc_path,
         pod_logs_path: Path = Config.pod_logs_path,
@@ -138,13 +130,12 @@ class AllocationSubsystem:
         self._compute_mode = ComputeModeReader(errors)
         self._reader = utilization_reader or ProcessUtilizationReader(errors)
         self._activity = ContainerActivity()
-        self._activity_future: concurrent.futures.Future[Any] | None = None
         self._mps: set[str] = set()  # uuids with MPS clients at the last scan
         self._compute_modes: dict[str, int] = {}
         self._clock = clock
         self._wall_clock = wall_clock
         self._accountant = IdleAccountant(ledger, idle_threshold, pods=self._activity)
-        # Peak memory and the smallest fitting MIG profile per allocation (sampler.mig_profiles).
+        # Peak memory and the smallest fitting MIG profile per allocation (the MIG profile book).
         self._rightsizer = RightSizer(ledger, mig_profiles or MigProfileBook())
         # A tenure starts when a poll first sees it (accounted at once): one poll late at most.
         self._history = HolderHistory(slack=poll_interval + (update_interval or 0.0))
@@ -160,7 +151,8 @@ class AllocationSubsystem:
         self._memory: list[Sample] = []
         self._samples: list[Sample] = []
         self._dirty = True  # the samples are rebuilt when next read
-        self._scan_future: concurrent.futures.Future[Any] | None = None
+        # A scan or activity read that timed out, by job name: the next run waits for it to return.
+        self._hung: dict[str, concurrent.futures.Future[Any]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
         self._polled = asyncio.Event()
@@ -276,7 +268,7 @@ class AllocationSubsystem:
 
     async def scan_processes(self) -> None:
         """Map GPU processes to containers (on a worker thread); skipped while one is stuck."""
-        if self._scan_future is not None and not self._scan_future.done():
+        if self._still_hung("scan"):
             return  # an NVML call hung in the previous scan; do not pile up threads
         devices = [d for d in self._devices() if d.id.is_mig or d.id.mig_mode != "enabled"]
         job = partial(
@@ -294,7 +286,7 @@ class AllocationSubsystem:
 
     async def sample_activity(self) -> None:
         """Read new per-process utilisation samples (worker thread) and sum them per container."""
-        if self._activity_future is not None and not self._activity_future.done():
+        if self._still_hung("activity"):
             return
         devices = [d for d in self._devices() if not d.id.is_mig and d.id.mig_mode != "enabled"]
         result = await self._run("activity", partial(_read_samples, devices, self._reader))
@@ -312,21 +304,17 @@ class AllocationSubsystem:
     async def _run(self, name: str, job: Callable[[], T]) -> T | None:
         """``job`` on the worker pool, given up after the scan timeout (a hung NVML call)."""
         try:
-            future = self._executor.submit(job)
-        except (PoolExhausted, RuntimeError) as exc:
-            self._warn(f"{name}-submit", f"{name} not started", error=str(exc))
-            return None
-        if name == "scan":
-            self._scan_future = future
-        else:
-            self._activity_future = future
-        wrapped = asyncio.wrap_future(future)
-        done, _ = await asyncio.wait({wrapped}, timeout=self._scan_timeout)
-        if not done:
-            self._executor.abandon(future)
+            return await self._executor.call(job, within=self._scan_timeout)
+        except CallTimedOut as exc:
+            self._hung[name] = exc.future
             self._warn(f"{name}-timeout", f"{name} timed out", timeout_s=self._scan_timeout)
-            return None
-        return wrapped.result()
+        except PoolExhausted as exc:
+            self._warn(f"{name}-submit", f"{name} not started", error=str(exc))
+        return None
+
+    def _still_hung(self, name: str) -> bool:
+        future = self._hung.get(name)
+        return future is not None and not future.done()
 
     # -- internals ---------------------------------------------------------------------------
 
