@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import os
 import shutil
 import tempfile
 import time
@@ -39,11 +40,14 @@ from demo.stack import (
 from gpu_exporter.cli import build_parser
 from tests.conftest import require_binary
 
+from . import answers
 from .helpers import (
     ALERTMANAGER_EXAMPLE,
     COMPAT_RULES,
     alertmanager_binary,
     dashboard_queries,
+    dashboards,
+    panels,
     substitute,
 )
 
@@ -510,3 +514,60 @@ async def test_a_gpu_missing_since_boot_pages_infra_for_its_node(stack: Stack) -
     )
     assert alert["labels"]["instance"] == node_c
     assert firing(stack, "infra-pager", "GPUMissing") == {(node_c, "", "")}
+
+
+# ---- the same answers as before the series cut (tests/ops/answers.py) ---------------------------
+
+# A panel that reads a reshaped family, and the recorded answer it must still give.
+BASELINE_FOR: dict[str, str] = {}
+
+
+def kit_queries() -> tuple[list[tuple[str, str]], list[str]]:
+    """(key, PromQL) of every dashboard target and dcgm-exporter panel; every recorded name."""
+    found = []
+    for name, dashboard in dashboards().items():
+        for panel in panels(dashboard):
+            for target in panel.get("targets", []):
+                key = f"{name}|{panel['title']}|{target.get('refId', '')}"
+                found.append((key, substitute(target["expr"])))
+    for query in load_yaml(DCGM_DASHBOARD)["queries"]:
+        found.append((f"dcgm-exporter|{query['panel']}", substitute(query["expr"])))
+    records = [
+        rule["record"]
+        for path in E2E_RULE_FILES
+        for group in load_yaml(path)["groups"]
+        for rule in group["rules"]
+        if "record" in rule
+    ]
+    return found, sorted(set(records))
+
+
+async def test_every_panel_rule_and_alert_answers_as_it_did_before(stack: Stack) -> None:
+    """Each dashboard query, recorded series and the firing alerts give the recorded answers."""
+    # Last in the module: by now every incident has fired its alerts and the windows are full.
+    nodes = {exporter.address: name for name, exporter in stack.exporters.items()}
+    queries, records = kit_queries()
+    if os.environ.get(answers.RECORD_ENV):
+        answers.write(await answers.collect(stack.query, nodes, queries, records))
+        return
+    recorded = answers.load()
+    current = dict(queries) | {f"rule:{name}": name for name in records}
+    unrecorded = sorted(set(current) - set(recorded) - set(BASELINE_FOR))
+    assert not unrecorded, f"queries with no recorded answer (record them on main): {unrecorded}"
+    expected = {key: recorded[BASELINE_FOR.get(key, key)] for key in current}
+    expected["alerts"] = recorded["alerts"]
+    deadline = time.monotonic() + DEADLINE
+    while True:
+        wrong = {}
+        for key, want in expected.items():
+            expr = current.get(key, 'ALERTS{alertstate="firing"}')
+            result = answers.normalise(await stack.query(expr), nodes)
+            if key == "alerts":
+                result = [(labels, 1.0) for labels, _ in result]
+            reason = answers.differs(want, result)
+            if reason:
+                wrong[key] = f"{expr}: {reason}"
+        if not wrong or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(1.0)
+    assert not wrong, "answers that changed:\n" + "\n".join(f"{k}: {v}" for k, v in wrong.items())
