@@ -52,10 +52,24 @@ COMPAT: tuple[Compat, ...] = (
     Compat("DCGM_FI_DEV_POWER_USAGE", "W", "gpu_power_watts"),
     Compat("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "mJ, counter", "gpu_energy_joules_total * 1000"),
     Compat("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "count, counter", "gpu_pcie_replays_total"),
-    Compat("DCGM_FI_DEV_GPU_UTIL", "%", "gpu_utilization_ratio * 100"),
-    Compat("DCGM_FI_DEV_ENC_UTIL", "%", 'gpu_engine_utilization_ratio{engine="encoder"} * 100'),
-    Compat("DCGM_FI_DEV_DEC_UTIL", "%", 'gpu_engine_utilization_ratio{engine="decoder"} * 100'),
-    Compat("DCGM_FI_DEV_FB_FREE", "MiB", f"gpu_memory_free_bytes / {MIB}"),
+    Compat("DCGM_FI_DEV_GPU_UTIL", "%", "rate(gpu_utilization_seconds_total[1m]) * 100"),
+    Compat(
+        "DCGM_FI_DEV_ENC_UTIL",
+        "%",
+        'rate(gpu_engine_utilization_seconds_total{engine="encoder"}[1m]) * 100',
+    ),
+    Compat(
+        "DCGM_FI_DEV_DEC_UTIL",
+        "%",
+        'rate(gpu_engine_utilization_seconds_total{engine="decoder"}[1m]) * 100',
+    ),
+    # NVML's free is total - used - reserved (a v1 driver counts reserved as used, none apart).
+    Compat(
+        "DCGM_FI_DEV_FB_FREE",
+        "MiB",
+        "(gpu_memory_total_bytes - gpu_memory_used_bytes"
+        f" - (gpu_memory_reserved_bytes or gpu_memory_used_bytes * 0)) / {MIB}",
+    ),
     Compat("DCGM_FI_DEV_FB_USED", "MiB", f"gpu_memory_used_bytes / {MIB}"),
     Compat("DCGM_FI_DEV_FB_RESERVED", "MiB", f"gpu_memory_reserved_bytes / {MIB}"),
     Compat(
@@ -75,14 +89,31 @@ COMPAT: tuple[Compat, ...] = (
         'gpu_remapped_rows_total{cause="correctable"}',
     ),
     Compat("DCGM_FI_DEV_ROW_REMAP_FAILURE", "0/1", "gpu_row_remap_failed"),
-    Compat("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "ratio", 'gpu_pipe_active_ratio{pipe="graphics"}'),
-    Compat("DCGM_FI_PROF_SM_ACTIVE", "ratio", "gpu_sm_active_ratio"),
+    # The activity ratios are rate()s of their exact integrals, over 1m as the traffic rates.
+    Compat(
+        "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+        "ratio",
+        'rate(gpu_pipe_active_seconds_total{pipe="graphics"}[1m])',
+    ),
+    Compat("DCGM_FI_PROF_SM_ACTIVE", "ratio", "rate(gpu_sm_active_seconds_total[1m])"),
     Compat("DCGM_FI_PROF_SM_OCCUPANCY", "ratio", "gpu_sm_occupancy_ratio"),
-    Compat("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "ratio", "gpu_tensor_active_ratio"),
-    Compat("DCGM_FI_PROF_DRAM_ACTIVE", "ratio", "gpu_dram_active_ratio"),
-    Compat("DCGM_FI_PROF_PIPE_FP64_ACTIVE", "ratio", 'gpu_pipe_active_ratio{pipe="fp64"}'),
-    Compat("DCGM_FI_PROF_PIPE_FP32_ACTIVE", "ratio", 'gpu_pipe_active_ratio{pipe="fp32"}'),
-    Compat("DCGM_FI_PROF_PIPE_FP16_ACTIVE", "ratio", 'gpu_pipe_active_ratio{pipe="fp16"}'),
+    Compat("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "ratio", "rate(gpu_tensor_active_seconds_total[1m])"),
+    Compat("DCGM_FI_PROF_DRAM_ACTIVE", "ratio", "rate(gpu_dram_active_seconds_total[1m])"),
+    Compat(
+        "DCGM_FI_PROF_PIPE_FP64_ACTIVE",
+        "ratio",
+        'rate(gpu_pipe_active_seconds_total{pipe="fp64"}[1m])',
+    ),
+    Compat(
+        "DCGM_FI_PROF_PIPE_FP32_ACTIVE",
+        "ratio",
+        'rate(gpu_pipe_active_seconds_total{pipe="fp32"}[1m])',
+    ),
+    Compat(
+        "DCGM_FI_PROF_PIPE_FP16_ACTIVE",
+        "ratio",
+        'rate(gpu_pipe_active_seconds_total{pipe="fp16"}[1m])',
+    ),
     Compat("DCGM_FI_PROF_PCIE_TX_BYTES", "bytes/s", "rate(gpu_pcie_transmit_bytes_total[1m])"),
     Compat("DCGM_FI_PROF_PCIE_RX_BYTES", "bytes/s", "rate(gpu_pcie_receive_bytes_total[1m])"),
     Compat(

@@ -418,7 +418,10 @@ def fleet() -> dict[str, Any]:
 SEL = INSTANCE + ', gpu=~"$gpu"'
 
 
-SHARED_METRICS = ("gpu_container_sm_active_ratio", "gpu_container_memory_used_bytes")
+SHARED_METRICS = (
+    "rate(gpu_container_sm_active_seconds_total{" + SEL + "}[$__rate_interval])",
+    "gpu_container_memory_used_bytes{" + SEL + "}",
+)
 SHARED_JOIN = (
     "* on (instance, uuid) group_left (mode) "
     'gpu_sharing_info{mode=~"time_slicing|mps", ' + SEL + "}"
@@ -540,10 +543,11 @@ def node() -> dict[str, Any]:
         Panel(
             "table",
             "NVLink link state",
-            [Query("gpu_nvlink_link_active{" + SEL + "}", "{{gpu}} link {{link}}", instant=True)],
+            [Query("gpu_nvlink_links{" + SEL + "}", "{{gpu}} {{state}}", instant=True)],
             "none",
             width=8,
-            description="1 active, 0 down, per link the GPU has (absent on PCIe cards).",
+            description="Links per GPU, active and inactive (absent on PCIe cards); a link that "
+            "is down is named by gpu_nvlink_link_active{link} 0 and pages as GPUNVLinkDown.",
         ),
         Panel(
             "timeseries",
@@ -634,7 +638,7 @@ def node() -> dict[str, Any]:
         Panel(
             "table",
             "Shared GPUs: each holder's activity and memory",
-            [Query(f"{metric}{{{SEL}}} {SHARED_JOIN}") for metric in SHARED_METRICS],
+            [Query(f"{metric} {SHARED_JOIN}") for metric in SHARED_METRICS],
             "none",
             width=24,
             description="Time-sliced and MPS GPUs (gpu_sharing_info), one row per container: "

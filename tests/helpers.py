@@ -96,7 +96,15 @@ class SimulatedSampler:
         return self.series()
 
     def series(self) -> Series:
-        """What a scrape gets now (and, as a scrape does, the sampler is told it was read)."""
+        """Everything the last render holds: the served exposition and the families only the
+        status page reads (``served=False``; tests/core/test_served.py keeps them off /metrics);
+        as a scrape does, the sampler is told it was read."""
+        self.sampler.note_read()
+        exposition = self.sampler.exposition
+        return parse_exposition((exposition.text + exposition.unserved).decode())
+
+    def served(self) -> Series:
+        """What ``/metrics`` serves."""
         self.sampler.note_read()
         return parse_exposition(self.sampler.exposition.text.decode())
 

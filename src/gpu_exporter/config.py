@@ -96,6 +96,13 @@ class Config:
         group="sampling",
         help="give up on a collector's NVML calls for a device after this long",
     )
+    collector_durations: bool = setting(
+        "--collector-durations",
+        False,
+        group="sampling",
+        help="serve gpu_exporter_collector_duration_seconds, each collector's worker time per "
+        "round (diagnosing a slow round; one series per collector)",
+    )
     init_timeout: float = 60.0  # not a flag: how long the first nvmlInit may take
     # set by the --collector.<name> switches, which each collector declares (collectors/)
     collectors: frozenset[str] = field(default_factory=frozenset)

@@ -27,11 +27,17 @@ class MetricType(Enum):
 
 @dataclass(frozen=True)
 class Family:
-    """A metric family: its exposed name (counters end in ``_total``), type and help text."""
+    """A metric family: its exposed name (counters end in ``_total``), type and help text.
+
+    ``served=False``: a family the status page reads and ``/metrics`` does not serve (an instant
+    gauge whose counter twin already says it to Prometheus, docs/migration.md); its lines go to
+    :attr:`Exposition.unserved`.
+    """
 
     name: str
     type: MetricType
     help: str
+    served: bool = True
 
     def __post_init__(self) -> None:
         if self.type is MetricType.COUNTER and not self.name.endswith("_total"):
@@ -54,8 +60,8 @@ class Family:
         return text, f"# HELP {om_name} {help_text}\n# TYPE {om_name} {kind}\n"
 
 
-def gauge(name: str, help_text: str) -> Family:
-    return Family(name, MetricType.GAUGE, help_text)
+def gauge(name: str, help_text: str, *, served: bool = True) -> Family:
+    return Family(name, MetricType.GAUGE, help_text, served)
 
 
 def counter(name: str, help_text: str) -> Family:
@@ -106,10 +112,12 @@ class Sample:
 
 @dataclass
 class Exposition:
-    """Both encodings of one render, with gzip variants built lazily and kept."""
+    """Both encodings of one render, with gzip variants built lazily and kept; ``unserved`` is
+    the classic text of the families only the status page reads (never in a response)."""
 
     text: bytes
     openmetrics: bytes
+    unserved: bytes = b""
     _gzipped: dict[bool, bytes] = field(default_factory=dict)
 
     def gzipped_formats(self) -> tuple[bool, ...]:
@@ -255,17 +263,23 @@ def render_blocks(blocks: Iterable[Block], family_order: Sequence[Family] = ()) 
             parts.append(body)
     text_parts: list[str] = []
     om_parts: list[str] = []
+    unserved_parts: list[str] = []
     for name, parts in bodies.items():
         if not parts:
             continue
-        text_header, om_header = families[name].headers
+        family = families[name]
+        text_header, om_header = family.headers
         body = "".join(parts)
+        if not family.served:
+            unserved_parts += (text_header, body)
+            continue
         text_parts += (text_header, body)
         om_parts += (om_header, body)
     om_parts.append("# EOF\n")
     return Exposition(
         text="".join(text_parts).encode(),
         openmetrics="".join(om_parts).encode(),
+        unserved="".join(unserved_parts).encode(),
     )
 
 

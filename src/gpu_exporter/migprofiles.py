@@ -120,14 +120,27 @@ class MigProfileBook:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._tables: dict[str, ProfileTable] = {}
+        self._models: dict[str, str] = {}
 
-    def record(self, uuid: str, table: ProfileTable) -> None:
+    def record(self, uuid: str, table: ProfileTable, model: str = "") -> None:
         with self._lock:
             self._tables[uuid] = table
+            self._models[uuid] = model
 
     def table(self, uuid: str) -> ProfileTable | None:
         with self._lock:
             return self._tables.get(uuid)
+
+    def compute_fractions(self) -> dict[tuple[str, str], float]:
+        """(model, profile) -> the profile's share of the GPU's compute slices, over every GPU
+        recorded: a fact of the model, the same whichever of its GPUs (or the catalog) said it."""
+        with self._lock:
+            recorded = [(self._models[uuid], table) for uuid, table in self._tables.items()]
+        fractions: dict[tuple[str, str], float] = {}
+        for model, table in sorted(recorded, key=lambda pair: pair[0]):
+            for profile in table.profiles:
+                fractions.setdefault((model, profile.name), table.compute_fraction(profile))
+        return fractions
 
 
 def profile_from_attributes(parent_handle: Any, handle: Any, calls: DeviceCalls) -> str:

@@ -91,8 +91,10 @@ class FakeKubelet:
 
 
 def series(samples: Iterable[Sample]) -> dict[str, float]:
-    """``name{labels}`` -> value, parsed back from the rendered text exposition."""
-    text = render(list(samples)).text.decode()
+    """``name{labels}`` -> value, parsed back from the rendered text exposition (with the
+    families only the status page reads)."""
+    exposition = render(list(samples))
+    text = (exposition.text + exposition.unserved).decode()
     out: dict[str, float] = {}
     for line in text.splitlines():
         if line and not line.startswith("#"):

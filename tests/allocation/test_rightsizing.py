@@ -146,16 +146,22 @@ async def test_mig_instances_and_time_sliced_gpus_get_a_peak_but_no_fit(builtin_
 async def test_the_reclaimable_join_finds_the_notebooks_profile_fraction(
     builtin_node: Node,
 ) -> None:
-    """What namespace:gpu_reclaimable:sum joins on (instance, job, uuid, profile) must exist."""
+    """What namespace:gpu_reclaimable:sum joins on must exist: the fit's GPU's model in gpu_info,
+    and that model's fraction for the profile, once per node."""
     series = await builtin_node.run(seconds=5)
 
     ((labels, _),) = select(series, FIT, pod="jupyter-alice").items()
     fit = dict(labels)
-    fractions = select(series, "gpu_mig_profile_compute_fraction", uuid=fit["uuid"])
-    by_profile = {dict(k)["profile"]: v for k, v in fractions.items()}
-    assert by_profile[fit["profile"]] == pytest.approx(1 / 7), (
-        "the fit's profile is published for the same GPU (MIG off: from the catalog)"
+    ((info, _),) = select(series, "gpu_info", uuid=fit["uuid"]).items()
+    model = dict(info)["model"]
+    fraction = select(
+        series, "gpu_mig_profile_compute_fraction", model=model, profile=fit["profile"]
     )
+    assert list(fraction.values()) == [pytest.approx(1 / 7)], (
+        "the fit's profile is published for its GPU's model (MIG off: from the catalog)"
+    )
+    for key in select(series, "gpu_mig_profile_compute_fraction"):
+        assert {name for name, _ in key} == {"model", "profile"}, "per model, not per GPU"
 
 
 # -- the rule ---------------------------------------------------------------------------------

@@ -24,9 +24,9 @@ async def test_an_h100_reports_its_18_links_and_sums_errors_and_traffic_over_the
         sim.inject({"type": "nvlink_errors", "gpu": 0, "link": [3, 7], "crc_flit": 5, "replay": 2})
         start = await sim.fast_round()
         end = await sim.fast_round()
-    links = select(end, "gpu_nvlink_link_active", gpu="0")
-    assert len(links) == 18, "one series per link the GPU has"
-    assert set(links.values()) == {1.0}
+    assert one(end, "gpu_nvlink_links", gpu="0", state="active") == 18
+    assert one(end, "gpu_nvlink_links", gpu="0", state="inactive") == 0
+    assert select(end, "gpu_nvlink_link_active") == {}, "links that are up are a count, not named"
     assert one(end, "gpu_nvlink_errors_total", gpu="0", type="crc_flit") == 10, (
         "5 on each of 2 links"
     )
@@ -52,14 +52,28 @@ async def test_an_h100_reports_its_18_links_and_sums_errors_and_traffic_over_the
     assert one(end, "gpu_nvlink_receive_bytes_total", gpu="1") == 0, "an idle GPU moves nothing"
 
 
-async def test_a_link_that_goes_down_reads_zero_and_stays_listed() -> None:
+async def test_a_link_that_goes_down_is_named_and_counted_inactive() -> None:
     async with simulated_sampler(BUSY_H100) as sim:
         await sim.slow_round()
         sim.inject({"type": "nvlink_down", "gpu": 1, "link": 5})
         series = await sim.slow_round()
-    assert one(series, "gpu_nvlink_link_active", gpu="1", link="5") == 0
-    assert sum(select(series, "gpu_nvlink_link_active", gpu="1").values()) == 17
-    assert sum(select(series, "gpu_nvlink_link_active", gpu="0").values()) == 18
+    assert select(series, "gpu_nvlink_link_active") == {
+        frozenset({("gpu", "1"), ("uuid", sim.node.gpus[1].uuid), ("link", "5")}): 0.0
+    }, "only the link that is down has a series of its own"
+    assert one(series, "gpu_nvlink_links", gpu="1", state="active") == 17
+    assert one(series, "gpu_nvlink_links", gpu="1", state="inactive") == 1
+    assert one(series, "gpu_nvlink_links", gpu="0", state="active") == 18
+
+
+async def test_per_link_mode_names_every_link_with_its_state() -> None:
+    async with simulated_sampler(BUSY_H100, nvlink_per_link=True) as sim:
+        await sim.slow_round()
+        sim.inject({"type": "nvlink_down", "gpu": 1, "link": 5})
+        series = await sim.slow_round()
+    links = select(series, "gpu_nvlink_link_active", gpu="1")
+    assert len(links) == 18
+    assert sum(links.values()) == 17
+    assert one(series, "gpu_nvlink_links", gpu="1", state="inactive") == 1
 
 
 async def test_per_link_mode_labels_errors_and_traffic_by_link() -> None:

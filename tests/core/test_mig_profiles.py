@@ -1,6 +1,7 @@
-"""gpu_mig_profile_*: the profiles each MIG-capable GPU offers, MIG mode on or off, through the
-real pynvml module on the simulator (which answers profile queries as nvml.h says a driver does:
-NotSupported while MIG is off and on GPUs without MIG)."""
+"""The MIG profiles each MIG-capable GPU offers, MIG mode on or off, read through the real
+pynvml module on the simulator (which answers profile queries as nvml.h says a driver does:
+NotSupported while MIG is off and on GPUs without MIG) into the sampler's profile book, which
+right-sizing reads and publishes per model (tests/allocation/test_rightsizing.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 import yaml
 
 from gpu_exporter.migprofiles import _catalog, catalog_table
-from tests.helpers import select, simulated_sampler
+from tests.helpers import SimulatedSampler, simulated_sampler
 
 SCENARIO = """
 gpus:
@@ -20,38 +21,40 @@ gpus:
   - L40S
   - A100-SXM-80GB
 """
-MEMORY = "gpu_mig_profile_memory_bytes"
-FRACTION = "gpu_mig_profile_compute_fraction"
 PROFILE_CALL = "nvmlDeviceGetGpuInstanceProfileInfoV"
 
 
-def profiles(series: dict, gpu: str, family: str = FRACTION) -> dict[str, float]:  # type: ignore[type-arg]
-    return {dict(k)["profile"]: v for k, v in select(series, family, gpu=gpu).items()}
+def profiles(sim: SimulatedSampler, gpu: int) -> dict[str, tuple[float, int]]:
+    """profile -> (compute fraction, memory MiB) the book holds for GPU ``gpu``."""
+    table = sim.sampler.mig_profiles.table(sim.node.gpus[gpu].uuid)
+    if table is None:
+        return {}
+    return {p.name: (table.compute_fraction(p), p.memory_mib) for p in table.profiles}
 
 
-async def test_profiles_are_published_with_mig_on_or_off_and_not_for_gpus_without_mig() -> None:
+async def test_profiles_are_read_with_mig_on_or_off_and_not_for_gpus_without_mig() -> None:
     async with simulated_sampler(SCENARIO) as sim:
         series = await sim.slow_round()
 
-        mig_off = profiles(series, "0")
-        assert mig_off["1g.10gb"] == pytest.approx(1 / 7)
-        assert mig_off["2g.20gb"] == pytest.approx(2 / 7)
-        assert mig_off["7g.80gb"] == 1.0
+        mig_off = profiles(sim, 0)
+        assert mig_off["1g.10gb"][0] == pytest.approx(1 / 7)
+        assert mig_off["2g.20gb"][0] == pytest.approx(2 / 7)
+        assert mig_off["7g.80gb"][0] == 1.0
         assert "1g.10gb+me" in mig_off, "MIG off: NVML lists none, the catalog answers"
-        assert profiles(series, "0", MEMORY)["1g.20gb"] == 19968 * 2**20
+        assert mig_off["1g.20gb"][1] == 19968
 
-        mig_on = profiles(series, "1")
-        assert mig_on["3g.40gb"] == pytest.approx(3 / 7)
+        mig_on = profiles(sim, 1)
+        assert mig_on["3g.40gb"] == (pytest.approx(3 / 7), 40192)
         assert "1g.10gb+me" not in mig_on, "MIG on: NVML's own table (the simulated one lacks +me)"
-        assert profiles(series, "1", MEMORY)["3g.40gb"] == 40192 * 2**20
 
-        assert profiles(series, "2") == {}, "L40S has no MIG: no series"
-        assert profiles(series, "3")["1g.20gb"] == pytest.approx(1 / 7), "A100 80GB, MIG off"
-        for key in select(series, MEMORY) | select(series, FRACTION):
-            assert {name for name, _ in key} == {"gpu", "uuid", "profile"}, (
-                f"the GPU's labels and the profile, what the reclaimable rule joins on: {key}"
-            )
-            assert dict(key)["uuid"].startswith("GPU-")
+        assert profiles(sim, 2) == {}, "L40S has no MIG: nothing read"
+        assert profiles(sim, 3)["1g.20gb"][0] == pytest.approx(1 / 7), "A100 80GB, MIG off"
+        fractions = sim.sampler.mig_profiles.compute_fractions()
+        assert fractions[("NVIDIA H100 80GB HBM3", "3g.40gb")] == pytest.approx(3 / 7)
+        assert fractions[("NVIDIA A100-SXM4-80GB", "1g.20gb")] == pytest.approx(1 / 7)
+    assert not [name for name, _ in series if name.startswith("gpu_mig_profile")], (
+        "a model's constants are not a series per GPU"
+    )
 
 
 async def test_the_table_is_read_once_per_gpu_and_gpus_without_mig_cost_no_call() -> None:
@@ -59,9 +62,9 @@ async def test_the_table_is_read_once_per_gpu_and_gpus_without_mig_cost_no_call(
         await sim.slow_round()
         asked = sim.node.calls[PROFILE_CALL]
         assert asked > 0
-        series = await sim.slow_round()
+        await sim.slow_round()
         assert sim.node.calls[PROFILE_CALL] == asked, "profiles are fixed: not asked again"
-        assert profiles(series, "0"), "and still published"
+        assert profiles(sim, 0), "and still known"
 
         l40s = pynvml.nvmlDeviceGetHandleByIndex(2)
         with pytest.raises(pynvml.NVMLError_NotSupported):

@@ -19,7 +19,6 @@ from .helpers import A100_L40S, DcgmRig, dcgm_rig
 RATIOS = (
     "gpu_sm_active_ratio",
     "gpu_tensor_active_ratio",
-    "gpu_dram_active_ratio",
     "gpu_sm_occupancy_ratio",
 )
 

@@ -72,7 +72,17 @@ def all_families() -> list[str]:
     names += [f.name for f in (*xid.FAMILIES, *allocation.FAMILIES, *sampler.SELF_FAMILIES)]
     names += [f.name for f in pci.ExpectedGpus.families]
     names += [f.name for f in dcgm.FAMILIES]
-    return list(dict.fromkeys(names))
+    unserved = {f.name for f in families_that_are_not_served()}
+    return [name for name in dict.fromkeys(names) if name not in unserved]
+
+
+def families_that_are_not_served() -> list[Any]:
+    """The status page's own readings: never on /metrics, so not checked there."""
+    from gpu_exporter.allocation import metrics as allocation
+    from gpu_exporter.collectors import ALL_COLLECTORS
+
+    families = [f for c in ALL_COLLECTORS for f in c.families] + list(allocation.FAMILIES)
+    return [f for f in families if not f.served]
 
 
 def free_port() -> int:

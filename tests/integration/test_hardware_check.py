@@ -30,7 +30,7 @@ def test_the_hardware_check_reports_every_family_in_a_dry_run(tmp_path: Path) ->
     results = json.loads(report.read_text())
     idle = results["idle"]
     assert results["exit_status"] == 0
-    for family in ("gpu_info", "gpu_sm_active_ratio", "gpu_power_watts", "gpu_allocated"):
+    for family in ("gpu_info", "gpu_sm_active_seconds_total", "gpu_power_watts", "gpu_allocated"):
         assert not idle[family].startswith("absent"), f"{family}: {idle[family]}"
     assert idle["gpu_retired_pages_total"].startswith("absent"), "H100s have no retired pages"
     facts = results["nvml"]["gpus"]["0"]
@@ -78,4 +78,4 @@ def test_the_hardware_check_learns_a_dcgm_address(tmp_path: Path) -> None:
     dcgm = results["dcgm_idle"]
     assert dcgm["source_up"] == [1.0]
     assert set(dcgm["activity_source"].values()) == {"dcgm"}, dcgm
-    assert not results["idle"]["gpu_sm_active_ratio"].startswith("absent")
+    assert not results["idle"]["gpu_sm_active_seconds_total"].startswith("absent")

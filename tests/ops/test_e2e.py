@@ -519,7 +519,10 @@ async def test_a_gpu_missing_since_boot_pages_infra_for_its_node(stack: Stack) -
 # ---- the same answers as before the series cut (tests/ops/answers.py) ---------------------------
 
 # A panel that reads a reshaped family, and the recorded answer it must still give.
-BASELINE_FOR: dict[str, str] = {}
+BASELINE_FOR = {
+    # links per GPU by state, where it listed every link (docs/migration.md)
+    "gpu-node-detail.json|NVLink link state|A": "equivalent:nvlink links by state",
+}
 
 
 def kit_queries() -> tuple[list[tuple[str, str]], list[str]]:

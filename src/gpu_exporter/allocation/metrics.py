@@ -33,10 +33,12 @@ CONTAINER_SM_ACTIVE = gauge(
     "gpu_container_sm_active_ratio",
     "Share of the last sampling window the container's processes had a kernel resident on the "
     'device (NVML per-process utilisation; container="" sums processes of no known container).',
+    served=False,  # the status page's; Prometheus reads rate() of the integral below
 )
 CONTAINER_SM_ACTIVE_SECONDS = counter(
     "gpu_container_sm_active_seconds_total",
-    "Integral of gpu_container_sm_active_ratio over time, in seconds.",
+    "Seconds the container's processes had a kernel resident on the device (NVML per-process "
+    'utilisation; container="" sums processes of no known container): rate() is the mean share.',
 )
 CONTAINER_MEMORY_BANDWIDTH = gauge(
     "gpu_container_memory_bandwidth_ratio",
@@ -96,3 +98,7 @@ def mode_labels(device_labels: str, mode: str) -> str:
 @lru_cache(maxsize=8192)
 def fit_labels(holder: str, profile: str) -> str:
     return join_labels(holder, label_string({"profile": profile}))
+
+
+def fraction_labels(model: str, profile: str) -> str:
+    return label_string({"model": model, "profile": profile})

@@ -30,7 +30,7 @@ from ..devices import DeviceId
 from ..exposition import Family, Sample, gauge
 from ..ledger import ActivityKind, ActivityLedger, ActivityPoint
 from ..migprofiles import MigProfileBook, ProfileTable
-from .metrics import fit_labels, holder_labels
+from .metrics import fit_labels, fraction_labels, holder_labels
 from .model import PodKey
 
 MEMORY_PEAK = gauge(
@@ -43,7 +43,12 @@ SMALLEST_FIT = gauge(
     "1 for the smallest MIG profile that would hold this whole-GPU allocation (memory peak + 10%, "
     'SM activity p95); profile="whole_gpu" when none would.',
 )
-FAMILIES: tuple[Family, ...] = (MEMORY_PEAK, SMALLEST_FIT)
+COMPUTE_FRACTION = gauge(
+    "gpu_mig_profile_compute_fraction",
+    "Share of the GPU's compute slices a MIG GPU-instance profile has (2g on a 7-slice GPU: 2/7), "
+    "per GPU model on the node (whether or not MIG mode is on).",
+)
+FAMILIES: tuple[Family, ...] = (MEMORY_PEAK, SMALLEST_FIT, COMPUTE_FRACTION)
 
 WHOLE_GPU = "whole_gpu"
 HEADROOM = 1.1
@@ -163,6 +168,8 @@ class RightSizer:
             fit = self._fit(tenure) if uuid not in shared else None
             if fit is not None:
                 yield Sample(SMALLEST_FIT, fit_labels(labels, fit), 1)
+        for (model, profile), fraction in self._profiles.compute_fractions().items():
+            yield Sample(COMPUTE_FRACTION, fraction_labels(model, profile), fraction)
 
     def _fit(self, tenure: _Tenure) -> str | None:
         if tenure.device.is_mig or tenure.peak is None:

@@ -18,20 +18,24 @@ import pynvml
 
 from ..dcgm.readings import DcgmReadings
 from ..devices import Device, activity_source_name
-from ..exposition import counter, gauge, label_string
+from ..exposition import Family, counter, gauge, label_string
 from ..ledger import SM_BANDS, ActivityKind, sm_band
 from ..nvml import DeviceCalls
 from .base import Cadence, Collector, CollectorContext, Integral, SampleWriter, Scope, clamp_ratio
 from .gpm import GpmRequest
-from .pipes import EXTRA_GPM_METRICS, PIPE_ACTIVE, PIPE_SECONDS, PipeTotals, pipe_ratios
+from .pipes import EXTRA_GPM_METRICS, PIPE_SECONDS, PipeTotals, pipe_ratios
 
+# The instant SM and tensor ratios are the status page's only (served=False): Prometheus reads
+# the exact mean over any window as rate() of the _seconds_total integrals (docs/migration.md).
 SM_ACTIVE = gauge(
     "gpu_sm_active_ratio",
     "Fraction of time at least one warp was resident on an SM, averaged over all SMs (0..1).",
+    served=False,
 )
 SM_ACTIVE_SECONDS = counter(
     "gpu_sm_active_seconds_total",
-    "Time integral of gpu_sm_active_ratio: rate() over any window is the exact mean SM activity.",
+    "Seconds at least one warp was resident on an SM, averaged over all SMs: rate() over any "
+    "window is the exact mean SM activity.",
 )
 SM_ACTIVITY_BAND_SECONDS = counter(
     "gpu_sm_activity_band_seconds_total",
@@ -44,16 +48,18 @@ SM_OCCUPANCY = gauge(
     "gpu_sm_occupancy_ratio", "Resident warps relative to the SMs' maximum, averaged (0..1)."
 )
 TENSOR_ACTIVE = gauge(
-    "gpu_tensor_active_ratio", "Fraction of time any tensor pipe was active (0..1)."
+    "gpu_tensor_active_ratio",
+    "Fraction of time any tensor pipe was active (0..1).",
+    served=False,
 )
 TENSOR_ACTIVE_SECONDS = counter(
-    "gpu_tensor_active_seconds_total", "Time integral of gpu_tensor_active_ratio, in seconds."
-)
-DRAM_ACTIVE = gauge(
-    "gpu_dram_active_ratio", "Fraction of peak device-memory bandwidth in use (0..1)."
+    "gpu_tensor_active_seconds_total",
+    "Seconds any tensor pipe was active: rate() is the mean tensor activity (0..1).",
 )
 DRAM_ACTIVE_SECONDS = counter(
-    "gpu_dram_active_seconds_total", "Time integral of gpu_dram_active_ratio, in seconds."
+    "gpu_dram_active_seconds_total",
+    "Time integral of the fraction of peak device-memory bandwidth in use: rate() is the mean "
+    "DRAM activity (0..1).",
 )
 
 
@@ -302,9 +308,7 @@ class ActivityCollector(Collector):
         SM_OCCUPANCY,
         TENSOR_ACTIVE,
         TENSOR_ACTIVE_SECONDS,
-        DRAM_ACTIVE,
         DRAM_ACTIVE_SECONDS,
-        PIPE_ACTIVE,
         PIPE_SECONDS,
     )
 
@@ -340,7 +344,7 @@ class ActivityCollector(Collector):
         if last.sm_active is not None:
             self._bands.emit(out)
         self._emit(out, TENSOR_ACTIVE, TENSOR_ACTIVE_SECONDS, last.tensor_active, self._tensor)
-        self._emit(out, DRAM_ACTIVE, DRAM_ACTIVE_SECONDS, last.dram_active, self._dram)
+        self._emit(out, None, DRAM_ACTIVE_SECONDS, last.dram_active, self._dram)
         if last.sm_occupancy is not None:
             out.add(SM_OCCUPANCY, last.sm_occupancy)
         self._pipes.emit(out)
@@ -364,12 +368,13 @@ class ActivityCollector(Collector):
     @staticmethod
     def _emit(
         out: SampleWriter,
-        ratio_family: Any,
-        seconds_family: Any,
+        ratio_family: Family | None,
+        seconds_family: Family,
         ratio: float | None,
         total: Integral,
     ) -> None:
         if ratio is None:
             return
-        out.add(ratio_family, ratio)
+        if ratio_family is not None:
+            out.add(ratio_family, ratio)
         out.add(seconds_family, total.total)

@@ -25,7 +25,9 @@ from .base import Cadence, Collector, CollectorContext, SampleWriter
 from .counter_fields import counter_fields
 
 ACTIVE = gauge(
-    "gpu_clocks_event_active", "1 while the clock event reason holds clocks down, else 0."
+    "gpu_clocks_event_active",
+    "1 while the clock event reason holds clocks down, else 0.",
+    served=False,  # the status page's; rate() of the _seconds_total twin says it to Prometheus
 )
 SECONDS = counter(
     "gpu_clocks_event_seconds_total", "Time clocks were held down for this reason, in seconds."

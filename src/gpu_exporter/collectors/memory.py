@@ -1,4 +1,8 @@
-"""Framebuffer memory of whole GPUs and MIG instances (NVML memory info v2, v1 as fallback)."""
+"""Framebuffer memory of whole GPUs and MIG instances (NVML memory info v2, v1 as fallback).
+
+Free memory is not a series of its own: NVML's free is total - used - reserved (v2; v1 counts
+reserved as used), which a query derives (docs/migration.md).
+"""
 
 from __future__ import annotations
 
@@ -12,7 +16,6 @@ from .base import Cadence, Collector, SampleWriter, Scope
 
 TOTAL = gauge("gpu_memory_total_bytes", "Framebuffer memory of the device, in bytes.")
 USED = gauge("gpu_memory_used_bytes", "Framebuffer memory in use (allocations), in bytes.")
-FREE = gauge("gpu_memory_free_bytes", "Framebuffer memory free for allocations, in bytes.")
 RESERVED = gauge(
     "gpu_memory_reserved_bytes", "Framebuffer memory reserved by the driver and firmware, in bytes."
 )
@@ -29,10 +32,10 @@ _V2_EXPLAINED = (
 
 class MemoryCollector(Collector):
     name = "memory"
-    help = "Framebuffer total, used, free and reserved bytes."
+    help = "Framebuffer total, used and reserved bytes."
     cadence = Cadence.FAST
     scope = Scope.ANY
-    families = (TOTAL, USED, FREE, RESERVED)
+    families = (TOTAL, USED, RESERVED)
 
     def collect(self, calls: DeviceCalls, out: SampleWriter) -> None:
         handle = self.device.handle
@@ -49,7 +52,6 @@ class MemoryCollector(Collector):
             return
         out.add(TOTAL, info.total)
         out.add(USED, info.used)
-        out.add(FREE, info.free)
         reserved = getattr(info, "reserved", None)
         if reserved is not None:
             out.add(RESERVED, reserved)

@@ -6,8 +6,11 @@ links x 5 types x 8 GPUs would be 720 mostly-zero series per node. ``--collector
 adds a ``link`` label instead (errors and traffic per link) for nodes that want it; the runbook
 says how to read the per-link counters on a node when a GPU's errors rise.
 
-A link that answered active once and is now down or unreadable is reported as 0: a fault, not a
-GPU with fewer links.
+Link state is a count per GPU, ``gpu_nvlink_links{state="active"|"inactive"}``: 18 links that are
+up are one fact, not 18 series of 1. A link that is not active is named, as
+``gpu_nvlink_link_active{link} 0`` (what ``GPUNVLinkDown`` pages on); with per-link every link
+has that series, 1 while active. A link that answered active once and is now down or unreadable
+is inactive: a fault, not a GPU with fewer links.
 """
 
 from __future__ import annotations
@@ -24,9 +27,19 @@ from .base import Cadence, Collector, CollectorContext, SampleWriter
 from .counters import CounterField, fields_of
 from .pcie import PcieCounters
 
-LINK_ACTIVE = gauge(
-    "gpu_nvlink_link_active", "1 while the NVLink link is active, 0 when it is down or lost."
+LINKS = gauge(
+    "gpu_nvlink_links",
+    'The GPU\'s NVLink links by state: "active", or "inactive" (down, or lost after it was up).',
 )
+LINK_ACTIVE = gauge(
+    "gpu_nvlink_link_active",
+    "0 for an NVLink link that is down or lost; with --collector.nvlink.per-link every link, "
+    "1 while active.",
+)
+_STATE_LABELS = {
+    True: label_string({"state": "active"}),
+    False: label_string({"state": "inactive"}),
+}
 ERRORS = counter(
     "gpu_nvlink_errors_total",
     "NVLink errors by type (crc_flit, crc_data, replay, recovery, ecc; NVLink5 types on "
@@ -167,9 +180,10 @@ class InterconnectCollector(Collector):
 
 class NvLinkStateCollector(Collector):
     name = "nvlink_state"
-    help = "NVLink link state (slow cadence); per-link DL error counters with per-link."
+    help = "NVLink links by state, the inactive ones by link (slow cadence); per-link DL error "
+    "counters with per-link."
     cadence = Cadence.SLOW
-    families = (LINK_ACTIVE, ERRORS)
+    families = (LINKS, LINK_ACTIVE, ERRORS)
 
     def __init__(self, device: Device, context: CollectorContext) -> None:
         super().__init__(device, context)
@@ -183,6 +197,7 @@ class NvLinkStateCollector(Collector):
         handle = self.device.handle
         if self._links is None:
             self._links = link_count(calls, self._fields.read(calls, handle))
+        counts = {True: 0, False: 0}
         for link in range(self._links or 0):
             state = calls.get(
                 pynvml.nvmlDeviceGetNvLinkState, handle, link, signal=f"nvlink_state.{link}"
@@ -192,9 +207,14 @@ class NvLinkStateCollector(Collector):
             active = state is not None and bool(state)
             if active:
                 self._seen_active.add(link)
-            out.add(LINK_ACTIVE, 1.0 if active else 0.0, label_string({"link": str(link)}))
+            counts[active] += 1
+            if self._per_link or not active:
+                out.add(LINK_ACTIVE, 1.0 if active else 0.0, label_string({"link": str(link)}))
             if self._per_link:
                 self._dl_errors(calls, out, link)
+        if counts[True] or counts[False]:
+            for active, count in counts.items():
+                out.add(LINKS, count, _STATE_LABELS[active])
 
     def _dl_errors(self, calls: DeviceCalls, out: SampleWriter, link: int) -> None:
         for kind, dl_counter in DL_COUNTERS:

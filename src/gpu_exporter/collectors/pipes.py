@@ -1,5 +1,6 @@
 """Every GPM pipe and the media engines: FP64/FP32/FP16/integer/graphics pipes and the encoder,
-decoder, JPEG and optical-flow engines, each a ratio with its ``_seconds_total`` integral.
+decoder, JPEG and optical-flow engines, each a ``_seconds_total`` integral of its ratio (rate()
+is the mean ratio over any window: no instant gauge beside it, docs/migration.md).
 
 The pipes come from the same ``nvmlGpmMetricsGet`` call as SM activity (Hopper and newer; no
 extra NVML call; exact means between the two samples). The engines come from
@@ -18,26 +19,21 @@ from typing import Any
 import pynvml
 
 from ..devices import Device
-from ..exposition import counter, gauge, label_string
+from ..exposition import counter, label_string
 from ..nvml import DeviceCalls
 from .base import Cadence, Collector, CollectorContext, Integral, SampleWriter, clamp_ratio
 
-PIPE_ACTIVE = gauge(
-    "gpu_pipe_active_ratio",
-    "Fraction of time the SMs' pipe was active (fp64, fp32, fp16, integer, graphics; GPM).",
-)
 PIPE_SECONDS = counter(
-    "gpu_pipe_active_seconds_total", "Time integral of gpu_pipe_active_ratio, in seconds."
-)
-ENGINE_UTILIZATION = gauge(
-    "gpu_engine_utilization_ratio",
-    "Utilisation of the media engines (encoder, decoder, jpeg, ofa), mean over instances (0..1).",
+    "gpu_pipe_active_seconds_total",
+    "Seconds the SMs' pipe was active (fp64, fp32, fp16, integer, graphics; GPM): rate() is the "
+    "mean fraction of time (0..1).",
 )
 ENGINE_SECONDS = counter(
     "gpu_engine_utilization_seconds_total",
-    "Time integral of gpu_engine_utilization_ratio, in seconds.",
+    "Time integral of the media engines' utilisation (encoder, decoder, jpeg, ofa; mean over "
+    "instances): rate() is the mean utilisation (0..1).",
 )
-FAMILIES = (PIPE_ACTIVE, PIPE_SECONDS, ENGINE_UTILIZATION, ENGINE_SECONDS)
+FAMILIES = (PIPE_SECONDS, ENGINE_SECONDS)
 
 # GPM metric ids (pynvml NVML_GPM_METRIC_*): one per pipe; each engine's instances.
 PIPES = {
@@ -70,17 +66,13 @@ class PipeTotals:
         self._last = dict(ratios)
 
     def emit(self, out: SampleWriter) -> None:
-        for key, ratio in self._last.items():
+        for key in self._last:
             kind, name = key.split(":", 1)
             labels = self._labels.get(key)
             if labels is None:
                 labels = self._labels[key] = label_string({kind: name})
-            if kind == "pipe":
-                out.add(PIPE_ACTIVE, ratio, labels)
-                out.add(PIPE_SECONDS, self._totals[key].total, labels)
-            else:
-                out.add(ENGINE_UTILIZATION, ratio, labels)
-                out.add(ENGINE_SECONDS, self._totals[key].total, labels)
+            family = PIPE_SECONDS if kind == "pipe" else ENGINE_SECONDS
+            out.add(family, self._totals[key].total, labels)
 
 
 _ENGINE_CALLS: tuple[tuple[str, Callable[[Any], Any]], ...] = (
@@ -97,7 +89,7 @@ class EnginesCollector(Collector):
     name = "engines"
     help = "Encoder, decoder, JPEG and OFA utilisation (slow cadence)."
     cadence = Cadence.SLOW
-    families = (ENGINE_UTILIZATION, ENGINE_SECONDS)
+    families = (ENGINE_SECONDS,)
 
     def __init__(self, device: Device, context: CollectorContext) -> None:
         super().__init__(device, context)

@@ -1,4 +1,7 @@
-"""The driver's recommended recovery action (NVML field 230, newer drivers), as a state set."""
+"""The driver's recommended recovery action (NVML field 230, newer drivers): one series per GPU,
+the current action as its label. The actions exclude each other, so a state set's four other
+series would always read 0 (docs/migration.md); ``gpu_recovery_action{action!="none"}`` is a GPU
+that needs recovering."""
 
 from __future__ import annotations
 
@@ -9,15 +12,16 @@ from .base import Cadence, Collector, CollectorContext, SampleWriter
 
 RECOVERY_ACTION = gauge(
     "gpu_recovery_action",
-    "The driver's recommended recovery action: 1 for the current action, 0 for the others.",
+    "The driver's recommended recovery action, as the action label (none, gpu_reset, "
+    "node_reboot, drain_p2p, drain_and_reset; unknown for a code this exporter does not know): "
+    "always 1.",
 )
 FIELD_RECOVERY_ACTION = 230  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
 ACTIONS = tuple(
-    (code, label_string({"action": name}))
-    for code, name in enumerate(
-        ("none", "gpu_reset", "node_reboot", "drain_p2p", "drain_and_reset")
-    )
+    label_string({"action": name})
+    for name in ("none", "gpu_reset", "node_reboot", "drain_p2p", "drain_and_reset")
 )
+UNKNOWN_ACTION = label_string({"action": "unknown"})
 
 
 class RecoveryCollector(Collector):
@@ -35,5 +39,5 @@ class RecoveryCollector(Collector):
         value = self._fields.read(calls, self.device.handle).get(FIELD_RECOVERY_ACTION)
         if value is None:
             return
-        for code, labels in ACTIONS:
-            out.add(RECOVERY_ACTION, 1.0 if int(value) == code else 0.0, labels)
+        code = int(value)
+        out.add(RECOVERY_ACTION, 1.0, ACTIONS[code] if 0 <= code < len(ACTIONS) else UNKNOWN_ACTION)

@@ -18,9 +18,11 @@ from .base import Cadence, Collector, CollectorContext, Integral, SampleWriter, 
 UTILIZATION = gauge(
     "gpu_utilization_ratio",
     "NVML utilisation: fraction of time one or more kernels ran (0..1); not SM activity.",
+    served=False,  # the status page's; Prometheus reads rate() of the integral
 )
 UTILIZATION_SECONDS = counter(
-    "gpu_utilization_seconds_total", "Time integral of gpu_utilization_ratio, in seconds."
+    "gpu_utilization_seconds_total",
+    "Seconds one or more kernels ran (NVML utilisation; not SM activity): rate() is the mean.",
 )
 
 

@@ -80,7 +80,9 @@ class Sampler:
         )
         self._sources: list[SampleSource] = []
         self._identities = IdentityCache()
-        self._self_metrics = SelfMetrics(c.name for c in self._collector_types)
+        self._self_metrics = SelfMetrics(
+            (c.name for c in self._collector_types), durations=config.collector_durations
+        )
         self._listeners: list[DeviceListener] = []
         self._round_listeners: list[RoundListener] = []
         self._system: SystemInfo | None = None

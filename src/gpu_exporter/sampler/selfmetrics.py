@@ -1,5 +1,6 @@
-"""The sampler's own series: per-collector success, duration and sample age; NVML errors and
-hung calls; the NVML source's ``gpu_exporter_source_up``."""
+"""The sampler's own series: per-collector success and sample age (what the kit alerts on), the
+duration with ``--collector-durations``; NVML errors and hung calls; the NVML source's
+``gpu_exporter_source_up``."""
 
 from __future__ import annotations
 
@@ -40,8 +41,9 @@ SELF_FAMILIES = (
 class SelfMetrics:
     """Renders the self-metrics; collector label strings are built once."""
 
-    def __init__(self, collector_names: Iterable[str]) -> None:
+    def __init__(self, collector_names: Iterable[str], *, durations: bool = False) -> None:
         self._labels = {name: label_string({"collector": name}) for name in collector_names}
+        self._durations = durations
 
     def samples(
         self,
@@ -58,7 +60,8 @@ class SelfMetrics:
         for name, mine in by_collector.items():
             labels = self._labels[name]
             yield Sample(COLLECTOR_SUCCESS, labels, 1.0 if all(j.ok for j in mine) else 0.0)
-            yield Sample(COLLECTOR_DURATION, labels, sum(j.duration for j in mine))
+            if self._durations:
+                yield Sample(COLLECTOR_DURATION, labels, sum(j.duration for j in mine))
             ages = [now - (j.last_success or now) for j in mine]
             yield Sample(SAMPLE_AGE, labels, max(ages, default=0.0))
         yield source_up("nvml", nvml_up)

@@ -46,7 +46,7 @@ class StatusPage:
         key = (view.ready, view.healthy(), tuple(view.problems()))
         if self._status is None or exposition is not self._exposition or key != self._key:
             self._status = build_status(
-                read_exposition(exposition.text.decode()),
+                read_exposition((exposition.text + exposition.unserved).decode()),
                 version=self._version,
                 ready=key[0],
                 healthy=key[1],

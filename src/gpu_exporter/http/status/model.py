@@ -287,10 +287,10 @@ def _per_container(
 
 
 def _interconnect(series: Series, uuid: str) -> Interconnect:
-    links = [value for _, value in series.of_device("gpu_nvlink_link_active", uuid)]
+    links = {lab.get("state"): value for lab, value in series.of_device("gpu_nvlink_links", uuid)}
     return Interconnect(
-        nvlink_active=int(sum(links)) if links else None,
-        nvlink_links=len(links) if links else None,
+        nvlink_active=int(links.get("active", 0)) if links else None,
+        nvlink_links=int(sum(links.values())) if links else None,
         pcie_generation=_value(series, "gpu_pcie_link_generation", uuid),
         pcie_max_generation=_value(series, "gpu_pcie_link_max_generation", uuid),
         pcie_width=_value(series, "gpu_pcie_link_width_lanes", uuid),
