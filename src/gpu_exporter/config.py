@@ -112,6 +112,19 @@ class Config:
         group="collectors",
         help="NVLink errors and traffic per link (a link label) instead of summed per GPU",
     )
+    ecc_aggregate: bool = setting(
+        "--collector.ecc.aggregate",
+        False,
+        group="collectors",
+        help="also the board-lifetime (aggregate) ECC counters beside the volatile ones",
+    )
+    remap_banks: bool = setting(
+        "--collector.remap.banks",
+        False,
+        group="collectors",
+        help="the whole spare-row bank histogram (max, high, partial, low, none), not only the "
+        "low and none banks",
+    )
     sysfs_path: Path = setting(
         "--path.sysfs",
         Path("/sys"),

@@ -137,10 +137,10 @@ class MigProfileBook:
         with self._lock:
             recorded = [(self._models[uuid], table) for uuid, table in self._tables.items()]
         fractions: dict[tuple[str, str], float] = {}
-        for model, table in sorted(recorded, key=lambda pair: pair[0]):
+        for model, table in recorded:
             for profile in table.profiles:
                 fractions.setdefault((model, profile.name), table.compute_fraction(profile))
-        return fractions
+        return dict(sorted(fractions.items()))
 
 
 def profile_from_attributes(parent_handle: Any, handle: Any, calls: DeviceCalls) -> str:

@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 from gpu_exporter.allocation.subsystem import AllocationSubsystem
-from gpu_exporter.collectors import Cadence
+from gpu_exporter.collectors import ALL_COLLECTORS, Cadence
 from gpu_exporter.http.webguard import RequestGuard
 from gpu_exporter.nvml import WorkerPool
 from gpu_exporter.sampler import Sampler
@@ -45,7 +45,11 @@ async def golden_exposition() -> str:
     kubelet = SimulatedKubelet(node, scratch / "kubelet.sock", files_root=scratch / "host")
     # Rounds wait for their jobs up to min(nvml timeout, interval) of real time: long enough here
     # that a loaded machine never turns a slow job into a "hung" one and changes the file.
-    config = make_config(fast_interval=60.0, slow_interval=60.0, nvml_timeout=60.0)
+    # The collectors a node runs at defaults: what the file shows is what a default node serves.
+    defaults = frozenset(c.name for c in ALL_COLLECTORS if c.enabled_by_default)
+    config = make_config(
+        fast_interval=60.0, slow_interval=60.0, nvml_timeout=60.0, collectors=defaults
+    )
     shared = SharedState()
     sampler = shared.sampler(config, pool, clock=clock)
     try:

@@ -1,4 +1,6 @@
-"""ECC error counters: corrected and uncorrected, since driver load and over the board's life."""
+"""ECC error counters: corrected and uncorrected, since driver load (volatile), and over the
+board's life (aggregate) with ``--collector.ecc.aggregate``: their rates are the same errors, so
+the lifetime count is a second series of the same fact unless asked for (docs/migration.md)."""
 
 from __future__ import annotations
 
@@ -19,8 +21,8 @@ FIELDS = {
 }
 ECC_ERRORS = counter(
     "gpu_ecc_errors_total",
-    "ECC errors by type (corrected, uncorrected) and counter (volatile since driver load, "
-    "aggregate over the board's life).",
+    "ECC errors by type (corrected, uncorrected) and counter (volatile since driver load; "
+    "aggregate over the board's life with --collector.ecc.aggregate).",
 )
 # (NVML error type, counter type, labels, signal name, the same counter's field id).
 _KINDS = tuple(
@@ -44,24 +46,26 @@ _KINDS = tuple(
 
 class EccCollector(Collector):
     name = "ecc"
-    help = "ECC corrected/uncorrected error counters (volatile and aggregate)."
+    help = "ECC corrected/uncorrected error counters (volatile; aggregate on request)."
     cadence = Cadence.SLOW
     families = (ECC_ERRORS,)
 
     def __init__(self, device: Device, context: CollectorContext) -> None:
         super().__init__(device, context)
+        aggregate = context.config.ecc_aggregate
+        self._kinds = tuple(k for k in _KINDS if aggregate or k[1] == pynvml.NVML_VOLATILE_ECC)
         # The mode and the four totals ride in the slow round's field read (no call of their
         # own); a driver without the fields gets the calls, as before.
         self._fields = context.field_batch(device, self.cadence)
-        self._fields.want((FIELD_ECC_CURRENT, *FIELDS.values()))
+        self._fields.want((FIELD_ECC_CURRENT, *(kind[4] for kind in self._kinds)))
 
     def collect(self, calls: DeviceCalls, out: SampleWriter) -> None:
         values = self._fields.read(calls, self.device.handle)
         if FIELD_ECC_CURRENT in values:
             if int(values[FIELD_ECC_CURRENT]) != pynvml.NVML_FEATURE_ENABLED:
                 return  # ECC off: the counters would read zero and mean nothing
-            if all(field in values for *_, field in _KINDS):
-                for *_, labels, _, field in _KINDS:
+            if all(field in values for *_, field in self._kinds):
+                for *_, labels, _, field in self._kinds:
                     out.add(ECC_ERRORS, values[field], labels)
                 return
         self._collect_by_calls(calls, out)
@@ -71,7 +75,7 @@ class EccCollector(Collector):
         mode = calls.get(pynvml.nvmlDeviceGetEccMode, handle)
         if mode is None or int(mode[0]) != pynvml.NVML_FEATURE_ENABLED:
             return
-        for error_type, counter_type, labels, signal, _ in _KINDS:
+        for error_type, counter_type, labels, signal, _ in self._kinds:
             count = calls.get(
                 pynvml.nvmlDeviceGetTotalEccErrors, handle, error_type, counter_type, signal=signal
             )

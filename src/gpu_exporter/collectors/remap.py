@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import pynvml
 
+from ..devices import Device
 from ..exposition import counter, gauge, label_string
 from ..nvml import DeviceCalls
-from .base import Cadence, Collector, SampleWriter
+from .base import Cadence, Collector, CollectorContext, SampleWriter
 
 REMAPPED_ROWS = counter(
     "gpu_remapped_rows_total", "Memory rows remapped, by the error that caused the remap."
@@ -20,8 +21,11 @@ PENDING = gauge("gpu_row_remap_pending", "1 when a row remap waits for the next 
 FAILED = gauge("gpu_row_remap_failed", "1 when a row remap failed (the GPU needs replacement).")
 BANKS = gauge(
     "gpu_row_remap_banks",
-    "Memory banks by how many spare rows remain (max, high, partial, low, none).",
+    "Memory banks by how many spare rows remain (low, none; with --collector.remap.banks also "
+    "max, high, partial).",
 )
+# The banks a failing memory shows up in; the rest of the histogram is detail on request.
+_FEW_SPARES = ("low", "none")
 _CORRECTABLE = label_string({"cause": "correctable"})
 _UNCORRECTABLE = label_string({"cause": "uncorrectable"})
 _AVAILABILITY = tuple(
@@ -32,9 +36,14 @@ _AVAILABILITY = tuple(
 
 class RemapCollector(Collector):
     name = "remap"
-    help = "Row remapping counts, pending/failed flags and the spare-row bank histogram."
+    help = "Row remapping counts, pending/failed flags and the banks with few spare rows."
     cadence = Cadence.SLOW
     families = (REMAPPED_ROWS, PENDING, FAILED, BANKS)
+
+    def __init__(self, device: Device, context: CollectorContext) -> None:
+        super().__init__(device, context)
+        every = context.config.remap_banks
+        self._banks = tuple(a for a in _AVAILABILITY if every or a[0] in _FEW_SPARES)
 
     def collect(self, calls: DeviceCalls, out: SampleWriter) -> None:
         handle = self.device.handle
@@ -49,5 +58,5 @@ class RemapCollector(Collector):
                 self.context.on_remap_failure(self.device.id)
         histogram = calls.get(pynvml.nvmlDeviceGetRowRemapperHistogram, handle)
         if histogram is not None:
-            for name, labels in _AVAILABILITY:
+            for name, labels in self._banks:
                 out.add(BANKS, getattr(histogram, name), labels)
