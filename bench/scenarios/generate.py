@@ -6,6 +6,7 @@ Shapes:
 - ``mig56.yaml``: 8x H100 SXM 80GB, each split into 7x 1g.10gb (56 MIG devices), 100 workloads and
   100 allocations spread over the instances (44 instances time-sliced between two pods).
 - ``gpu16.yaml``: 16x H200 SXM 141GB, one allocated workload per GPU.
+- ``b200.yaml``: 8x B200 (NVLink5 counters), one allocated workload per GPU (``bench/series.py``).
 No timeline: the benchmark injects what it needs (an Xid) itself.
 """
 
@@ -117,4 +118,9 @@ if __name__ == "__main__":
         "gpu16.yaml",
         whole_gpus("bench-gpu16", "H200-SXM-141GB", 16, "120GiB"),
         "Benchmark shape: 16x H200 SXM 141GB, one allocated workload each.",
+    )
+    write(
+        "b200.yaml",
+        whole_gpus("bench-b200", "B200-SXM-180GB", 8, "150GiB"),
+        "Benchmark shape: 8x B200, one allocated workload each.",
     )
