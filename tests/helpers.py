@@ -78,6 +78,15 @@ class SharedState:
         )
 
 
+def drained(series: Series, reason: str, **labels: str) -> float:
+    """``gpu_drain_recommended`` for ``reason`` on the device ``labels`` pick: 1 while it stands,
+    else 0 (the device then serves no series for it: one without a reason, at 0, if none stands)."""
+    found = select(series, "gpu_drain_recommended", reason=reason, **labels)
+    assert len(found) <= 1, f"{reason}{labels}: {sorted(found)}"
+    assert found or select(series, "gpu_drain_recommended", **labels), f"no drain series: {labels}"
+    return next(iter(found.values()), 0.0)
+
+
 @dataclass
 class SimulatedSampler:
     sampler: Sampler

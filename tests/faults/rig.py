@@ -17,7 +17,14 @@ import aiohttp
 
 from gpu_exporter.app import Exporter
 from gpu_exporter.config import SimulatorConfig
-from tests.helpers import Series, make_config, one, parse_exposition, running_exporter, select
+from tests.helpers import (
+    Series,
+    drained,
+    make_config,
+    parse_exposition,
+    running_exporter,
+    select,
+)
 
 # Three busy GPUs; GPU 0 is held by ml/trainer (pid 4242) through the simulated kubelet.
 SCENARIO = """
@@ -107,7 +114,7 @@ def gpu_families(series: Series, gpu: str) -> set[str]:
 
 
 def drain(series: Series, gpu: str, reason: str) -> float:
-    return one(series, "gpu_drain_recommended", gpu=gpu, reason=reason)
+    return drained(series, reason, gpu=gpu)
 
 
 @asynccontextmanager

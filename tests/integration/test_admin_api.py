@@ -14,7 +14,15 @@ from gpu_exporter.app import Exporter
 from gpu_exporter.config import Config, SimulatorConfig
 from gpu_exporter.http.admin import DRAIN_CLEAR_PATH
 from gpu_exporter.http.webconfig import load_web_config
-from tests.helpers import Series, make_config, one, parse_exposition, running_exporter, select
+from tests.helpers import (
+    Series,
+    drained,
+    make_config,
+    one,
+    parse_exposition,
+    running_exporter,
+    select,
+)
 from tests.web_helpers import PASSWORD, USER, Pki, bcrypt_hash, write_web_config
 
 
@@ -43,7 +51,7 @@ async def drain_latched(exporter: Exporter, session: aiohttp.ClientSession, gpu:
     """Scrape after each render until GPU ``gpu`` has a hardware_xid drain (bounded)."""
     for _ in range(50):
         series = await scrape(session)
-        if one(series, "gpu_drain_recommended", gpu=gpu, reason="hardware_xid") == 1:
+        if drained(series, "hardware_xid", gpu=gpu) == 1:
             return series
         await exporter.sampler.wait_for_news()
     raise AssertionError(f"GPU {gpu} never latched a drain")
@@ -84,7 +92,7 @@ async def test_an_operator_clears_a_drain_the_exporter_could_not_see_repaired(
         assert '"cleared": ["hardware_xid"]' in text
 
         series = await scrape(session)
-        assert one(series, "gpu_drain_recommended", gpu="1", reason="hardware_xid") == 0
+        assert drained(series, "hardware_xid", gpu="1") == 0
         assert one(series, "gpu_xid_errors_total", gpu="1", xid="48") == 1, "counts stay"
 
 

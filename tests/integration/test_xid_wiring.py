@@ -12,7 +12,15 @@ import aiohttp
 from gpu_exporter.app import Exporter
 from gpu_exporter.collectors import Cadence
 from gpu_exporter.config import SimulatorConfig
-from tests.helpers import Series, make_config, one, parse_exposition, running_exporter, select
+from tests.helpers import (
+    Series,
+    drained,
+    make_config,
+    one,
+    parse_exposition,
+    running_exporter,
+    select,
+)
 
 SCENARIO = """
 gpus: [{model: H100-SXM-80GB, count: 2}]
@@ -70,8 +78,8 @@ async def test_a_kernel_log_xid_is_counted_classified_and_latches_drain(tmp_path
         series = await until(exporter, "Xid 48 counted", lambda s: xid_total(s) == 1)
         labels = {"gpu": "1", "xid": "48", "class": "hardware", "namespace": "", "pod": ""}
         assert one(series, "gpu_xid_errors_total", **labels) == 1
-        assert one(series, "gpu_drain_recommended", gpu="1", reason="hardware_xid") == 1
-        assert one(series, "gpu_drain_recommended", gpu="0", reason="hardware_xid") == 0
+        assert drained(series, "hardware_xid", gpu="1") == 1
+        assert drained(series, "hardware_xid", gpu="0") == 0
         assert one(series, "gpu_exporter_source_up", source="kmsg") == 1
         assert one(series, "gpu_exporter_source_up", source="nvml") == 1
 
@@ -97,7 +105,7 @@ async def test_counts_and_drain_survive_a_restart(tmp_path: Path) -> None:
         append_kmsg(tmp_path / "kmsg", 2, GPU1_XID48.replace("48,", "13,"))
         series = await until(restarted, "second Xid counted", lambda s: xid_total(s) == 2)
         assert one(series, "gpu_xid_errors_total", gpu="1", xid="48") == 1, "replay counted twice"
-        assert one(series, "gpu_drain_recommended", gpu="1", reason="hardware_xid") == 1
+        assert drained(series, "hardware_xid", gpu="1") == 1
 
 
 async def test_a_row_remap_failure_seen_by_the_sampler_recommends_a_drain(tmp_path: Path) -> None:
@@ -111,7 +119,7 @@ async def test_a_row_remap_failure_seen_by_the_sampler_recommends_a_drain(tmp_pa
             "drain for the remap failure, and the failed-remap gauge",
             lambda s: (
                 bool(select(s, "gpu_drain_recommended", gpu="0", reason="row_remap_failure"))
-                and one(s, "gpu_drain_recommended", gpu="0", reason="row_remap_failure") == 1
+                and drained(s, "row_remap_failure", gpu="0") == 1
                 and one(s, "gpu_row_remap_failed", gpu="0") == 1
             ),
         )
@@ -124,7 +132,7 @@ async def test_a_lost_gpu_recommends_a_drain(tmp_path: Path) -> None:
         series = await until(
             exporter,
             "drain for the lost GPU",
-            lambda s: one(s, "gpu_drain_recommended", gpu="1", reason="device_lost") == 1,
+            lambda s: drained(s, "device_lost", gpu="1") == 1,
         )
         assert one(series, "gpu_up", gpu="1") == 0
 

@@ -151,3 +151,18 @@ def fail_next_observation(xid: XidSubsystem) -> list[int]:
 
     xid.core.observe = fail_once  # type: ignore[method-assign]
     return failures
+
+
+def drain(subsystem: XidSubsystem, reason: str, **labels: str) -> float | None:
+    """``gpu_drain_recommended`` for ``reason`` on the device ``labels`` pick: 1 while it stands,
+    0 while it does not (the device serves no series for it), None for a device with none."""
+    found = value(subsystem, "gpu_drain_recommended", reason=reason, **labels)
+    if found is not None:
+        return found
+    device = [
+        s
+        for s in subsystem.samples()
+        if s.family.name == "gpu_drain_recommended"
+        and all(f'{k}="{v}"' in s.labels.split(",") for k, v in labels.items())
+    ]
+    return 0.0 if device else None

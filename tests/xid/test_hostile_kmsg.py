@@ -12,7 +12,7 @@ import pytest
 
 from gpu_exporter.xid.kmsg import MAX_RECORD, LineSplitter
 
-from .conftest import KmsgFile, Make, caught_up, value, wait_until, xid_count
+from .conftest import KmsgFile, Make, caught_up, drain, value, wait_until, xid_count
 
 XID13 = "NVRM: Xid (PCI:0000:18:00): 13, pid=4242, name=python, Graphics SM Warp Exception"
 XID48 = "NVRM: Xid (PCI:0000:18:00): 48, pid='<unknown>', name=<unknown>, An uncorrectable DBE"
@@ -135,7 +135,7 @@ async def test_userspace_records_posing_as_the_driver_are_not_counted(
         await wait_until(lambda: xid_count(xid) == 1)
         assert value(xid, "gpu_xid_errors_total", xid="13") == 1
         assert value(xid, "gpu_xid_errors_total", xid="48") is None, "a spoofed Xid counted"
-        assert value(xid, "gpu_drain_recommended", uuid="GPU-0000", reason="hardware_xid") == 0
+        assert drain(xid, "hardware_xid", uuid="GPU-0000") == 0
         assert value(xid, "gpu_exporter_kmsg_ignored_records_total", reason="not_kernel") == 2
         assert value(xid, "gpu_nvswitch_sxid_errors_total", sxid="12028") is None
     finally:

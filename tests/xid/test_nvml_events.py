@@ -17,7 +17,7 @@ from gpu_exporter.devices import Device, DeviceId, discover_gpu
 from gpu_exporter.nvml import ErrorCounter, SupportRegistry
 from gpu_exporter.xid import XidSubsystem
 
-from .conftest import caught_up, value, wait_until, xid_count
+from .conftest import caught_up, drain, value, wait_until, xid_count
 
 XID = pynvml.nvmlEventTypeXidCriticalError
 
@@ -89,14 +89,12 @@ async def test_fake_nvml_events(monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
         await wait_until(lambda: xid_count(xid) == 2)
         assert value(xid, "gpu_xid_errors_total", gpu="1", uuid="GPU-1", xid="48") == 1
         assert value(xid, "gpu_xid_errors_total", gpu="0", xid="999", **{"class": "unknown"}) == 1
-        assert value(xid, "gpu_drain_recommended", gpu="1", reason="hardware_xid") == 1
+        assert drain(xid, "hardware_xid", gpu="1") == 1
         # A GPU coming back after a reset: the event set is rebuilt and registered again.
         xid.device_recovered(gpus[1].id)
         await wait_until(lambda: fake.sets == 2 and len(fake.registered) == 4)
         # The reset clears the latch on the control thread; the published value follows it.
-        await wait_until(
-            lambda: value(xid, "gpu_drain_recommended", gpu="1", reason="hardware_xid") == 0
-        )
+        await wait_until(lambda: drain(xid, "hardware_xid", gpu="1") == 0)
     finally:
         started = time.monotonic()
         await xid.stop()

@@ -16,6 +16,7 @@ from .conftest import (
     KmsgFile,
     Make,
     caught_up,
+    drain,
     exposition,
     fail_next_observation,
     fake_devices,
@@ -286,20 +287,20 @@ async def test_drain_latch_survives_restart_and_clears_on_new_boot(
     first = make_subsystem()
     await first.start()
     await wait_until(lambda: xid_count(first) == 1)
-    assert value(first, "gpu_drain_recommended", gpu="0", reason="hardware_xid") == 1
-    assert value(first, "gpu_drain_recommended", gpu="1", reason="hardware_xid") == 0
+    assert drain(first, "hardware_xid", gpu="0") == 1
+    assert drain(first, "hardware_xid", gpu="1") == 0
     await first.stop()
 
     second = make_subsystem()
     await second.start()
-    assert value(second, "gpu_drain_recommended", gpu="0", reason="hardware_xid") == 1
+    assert drain(second, "hardware_xid", gpu="0") == 1
     await second.stop()
 
     kmsg.path.write_text("")  # a reboot empties the ring buffer
     rebooted = make_subsystem(boot_id="boot-2")
     await rebooted.start()
     try:
-        assert value(rebooted, "gpu_drain_recommended", gpu="0", reason="hardware_xid") == 0
+        assert drain(rebooted, "hardware_xid", gpu="0") == 0
         assert value(rebooted, "gpu_xid_errors_total", xid="48") == 1  # counters never go back
     finally:
         await rebooted.stop()
@@ -313,16 +314,13 @@ async def test_device_listener_and_remap_failure(make_subsystem: Make) -> None:
         xid.device_lost(GPU0)
         await wait_until(
             lambda: (
-                value(xid, "gpu_drain_recommended", gpu="0", reason="device_lost") == 1
-                and value(xid, "gpu_drain_recommended", uuid=GPU1.uuid, reason="row_remap_failure")
-                == 1
+                drain(xid, "device_lost", gpu="0") == 1
+                and drain(xid, "row_remap_failure", uuid=GPU1.uuid) == 1
             )
         )
         xid.device_recovered(GPU0)
-        await wait_until(
-            lambda: value(xid, "gpu_drain_recommended", gpu="0", reason="device_lost") == 0
-        )
-        assert value(xid, "gpu_drain_recommended", uuid=GPU1.uuid, reason="row_remap_failure") == 1
+        await wait_until(lambda: drain(xid, "device_lost", gpu="0") == 0)
+        assert drain(xid, "row_remap_failure", uuid=GPU1.uuid) == 1
     finally:
         await xid.stop()
 
@@ -347,14 +345,14 @@ async def test_a_lost_gpu_that_answers_after_a_restart_was_reset_while_the_expor
     )
     await second.start()
     try:
-        assert value(second, "gpu_drain_recommended", uuid=GPU1.uuid, reason="device_lost") == 0
-        assert value(second, "gpu_drain_recommended", uuid=GPU1.uuid, reason="hardware_xid") == 0, (
+        assert drain(second, "device_lost", uuid=GPU1.uuid) == 0
+        assert drain(second, "hardware_xid", uuid=GPU1.uuid) == 0, (
             "a GPU that was lost and answers again was reset: all its latches clear"
         )
-        assert value(second, "gpu_drain_recommended", uuid=GPU0.uuid, reason="device_lost") == 1
-        assert (
-            value(second, "gpu_drain_recommended", uuid=GPU0.uuid, reason="row_remap_failure") == 1
-        ), "a GPU that is still lost keeps its latches"
+        assert drain(second, "device_lost", uuid=GPU0.uuid) == 1
+        assert drain(second, "row_remap_failure", uuid=GPU0.uuid) == 1, (
+            "a GPU that is still lost keeps its latches"
+        )
     finally:
         await second.stop()
 
@@ -364,19 +362,19 @@ async def test_a_gpu_that_never_answered_gets_an_unnamed_drain(make_subsystem: M
     xid = make_subsystem(kmsg_path=None, unidentified_lost=lambda: unidentified)
     await xid.start()
     try:
-        assert value(xid, "gpu_drain_recommended", gpu="2", uuid="", reason="device_lost") == 1
-        assert value(xid, "gpu_drain_recommended", gpu="2", uuid="", reason="hardware_xid") == 0
+        assert drain(xid, "device_lost", gpu="2", uuid="") == 1
+        assert drain(xid, "hardware_xid", gpu="2", uuid="") == 0
 
         # A latch from earlier in this boot (journal) already names the GPU at that index.
         await asyncio.to_thread(xid.core.set_latch, "GPU-2222", "2", "hardware_xid")
-        assert value(xid, "gpu_drain_recommended", gpu="2", reason="hardware_xid") == 1
-        assert value(xid, "gpu_drain_recommended", uuid="", reason="device_lost") is None, (
+        assert drain(xid, "hardware_xid", gpu="2") == 1
+        assert drain(xid, "device_lost", uuid="") is None, (
             "a GPU already shown under its uuid must not be shown twice"
         )
 
         unidentified.clear()  # identified at last
         await asyncio.to_thread(xid.core.clear_latches, "GPU-2222", "gpu reset observed")
-        assert value(xid, "gpu_drain_recommended", gpu="2", reason="device_lost") is None
+        assert drain(xid, "device_lost", gpu="2") is None
     finally:
         await xid.stop()
 

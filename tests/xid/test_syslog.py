@@ -32,6 +32,7 @@ from .conftest import (
     GPU0,
     Make,
     caught_up,
+    drain,
     fail_next_observation,
     value,
     wait_until,
@@ -397,7 +398,7 @@ async def test_history_then_live_lines_each_count_once(make_syslog: Make, klog: 
         klog.write(XID48)
         await wait_until(lambda: xid_count(xid) == 3)
         assert value(xid, "gpu_xid_errors_total", xid="13", pod="") == 2
-        assert value(xid, "gpu_drain_recommended", gpu="0", reason="hardware_xid") == 1
+        assert drain(xid, "hardware_xid", gpu="0") == 1
         stamp = value(xid, "gpu_xid_last_timestamp_seconds", gpu="0", xid="48")
         assert stamp is not None
         assert abs(stamp - time.time()) < 5

@@ -30,8 +30,9 @@ XID_LAST = gauge(
 )
 DRAIN = gauge(
     "gpu_drain_recommended",
-    "1 while a hardware condition stands on the GPU (reason: hardware_xid, row_remap_failure, "
-    "device_lost); survives exporter restarts, clears on a new boot or an observed GPU reset.",
+    "1 for each hardware condition that stands on the GPU (reason: hardware_xid, "
+    "row_remap_failure, device_lost); one series at 0 without a reason while none does. Survives "
+    "exporter restarts, clears on a new boot or an observed GPU reset.",
 )
 JOURNAL_OK = gauge(
     "gpu_exporter_state_journal_ok",
@@ -163,19 +164,23 @@ def _class_samples(published: Published, inventory: Inventory) -> list[Sample]:
 
 
 def _drain_samples(published: Published, inventory: Inventory) -> list[Sample]:
-    latched = {(uuid, reason) for uuid, _gpu, reason in published.latches}
+    """Per GPU, a 1 for each reason latched, or one 0 without a reason: a reason that does not
+    stand is not a series of its own (``gpu_drain_recommended == 1`` reads the same)."""
+    latched: dict[str, set[str]] = {}
+    for uuid, _gpu, reason in published.latches:
+        latched.setdefault(uuid, set()).add(reason)
     gpus = {device.uuid: str(device.id.index) for device in inventory.gpus}
     for uuid, gpu, _reason in published.latches:
         gpus.setdefault(uuid, gpu)  # a latched GPU no longer in the inventory stays visible
-    return [
-        Sample(
-            DRAIN,
-            label_string({"gpu": gpu, "uuid": uuid, "reason": reason}),
-            1.0 if (uuid, reason) in latched else 0.0,
-        )
-        for uuid, gpu in sorted(gpus.items(), key=lambda item: (item[1], item[0]))
-        for reason in REASONS
-    ]
+    samples = []
+    for uuid, gpu in sorted(gpus.items(), key=lambda item: (item[1], item[0])):
+        reasons = [reason for reason in REASONS if reason in latched.get(uuid, ())]
+        if not reasons:
+            samples.append(Sample(DRAIN, label_string({"gpu": gpu, "uuid": uuid}), 0.0))
+        for reason in reasons:
+            labels = label_string({"gpu": gpu, "uuid": uuid, "reason": reason})
+            samples.append(Sample(DRAIN, labels, 1.0))
+    return samples
 
 
 def _unidentified_drain_samples(published: Published, unidentified: Iterable[int]) -> list[Sample]:
@@ -184,12 +189,7 @@ def _unidentified_drain_samples(published: Published, unidentified: Iterable[int
     Skipped for an index a journal latch already names: the same GPU in this boot."""
     named = {gpu for _uuid, gpu, _reason in published.latches}
     return [
-        Sample(
-            DRAIN,
-            label_string({"gpu": str(index), "uuid": "", "reason": reason}),
-            1.0 if reason == "device_lost" else 0.0,
-        )
+        Sample(DRAIN, label_string({"gpu": str(index), "uuid": "", "reason": "device_lost"}), 1.0)
         for index in unidentified
         if str(index) not in named
-        for reason in REASONS
     ]
