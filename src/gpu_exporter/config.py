@@ -112,6 +112,12 @@ class Config:
         group="collectors",
         help="NVLink errors and traffic per link (a link label) instead of summed per GPU",
     )
+    pipes_detail: bool = setting(
+        "--collector.pipes.detail",
+        False,
+        group="collectors",
+        help="also the integer pipe (GPM) and the JPEG and optical-flow engines",
+    )
     ecc_aggregate: bool = setting(
         "--collector.ecc.aggregate",
         False,

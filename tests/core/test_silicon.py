@@ -56,7 +56,7 @@ async def test_every_gpm_pipe_has_an_exact_integral(
         for _ in range(10):
             end = await sim.fast_round()
     pipes = {dict(k)["pipe"] for k in select(end, "gpu_pipe_active_seconds_total")}
-    assert pipes == {"fp64", "fp32", "fp16", "integer", "graphics"}
+    assert pipes == {"fp64", "fp32", "fp16", "graphics"}, "the integer pipe only with detail"
     assert select(end, "gpu_pipe_active_ratio") == {}, "rate() of the integral is the ratio"
     # The simulator's FP32 pipe is 40% of SM activity: 0.32 while the SMs are 80% busy.
     fp32 = one(end, "gpu_pipe_active_seconds_total", pipe="fp32") - one(
@@ -75,10 +75,35 @@ async def test_media_engines_come_from_gpm_on_hopper_and_from_nvml_elsewhere() -
         fast_calls = sim.node.calls["nvmlDeviceGetDecoderUtilization"] - calls_before
     engines = "gpu_engine_utilization_seconds_total"
     hopper = {dict(k)["engine"] for k in select(series, engines, gpu="0")}
-    assert hopper == {"decoder", "jpeg", "ofa"}, "an H100 has no NVENC: no encoder series"
+    assert hopper == {"decoder"}, "an H100 has no NVENC; JPEG and OFA only with detail"
     ada = {dict(k)["engine"] for k in select(series, engines, gpu="1")}
-    assert ada == {"encoder", "decoder", "jpeg", "ofa"}
+    assert ada == {"encoder", "decoder"}
     assert fast_calls == 0, "engines without GPM are read on the slow cadence only"
+
+
+async def test_the_integer_pipe_and_the_jpeg_and_ofa_engines_come_with_detail() -> None:
+    scenario = """
+        gpus: [{model: H100-SXM-80GB}, {model: L40S}]
+        workloads: [{gpu: 0, pod: p, sm: 0.8}]
+    """
+    async with simulated_sampler(scenario, pipes_detail=True) as sim:
+        await sim.slow_round()
+        await sim.fast_round()
+        series = await sim.fast_round()
+    pipes = {dict(k)["pipe"] for k in select(series, "gpu_pipe_active_seconds_total")}
+    assert pipes == {"fp64", "fp32", "fp16", "integer", "graphics"}
+    engines = "gpu_engine_utilization_seconds_total"
+    assert {dict(k)["engine"] for k in select(series, engines, gpu="0")} == {
+        "decoder",
+        "jpeg",
+        "ofa",
+    }
+    assert {dict(k)["engine"] for k in select(series, engines, gpu="1")} == {
+        "encoder",
+        "decoder",
+        "jpeg",
+        "ofa",
+    }
 
 
 async def test_gpu_info_carries_modes_serial_and_vbios_and_thresholds_are_served() -> None:

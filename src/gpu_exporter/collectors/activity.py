@@ -23,7 +23,7 @@ from ..ledger import SM_BANDS, ActivityKind, sm_band
 from ..nvml import DeviceCalls
 from .base import Cadence, Collector, CollectorContext, Integral, SampleWriter, Scope, clamp_ratio
 from .gpm import GpmRequest
-from .pipes import EXTRA_GPM_METRICS, PIPE_SECONDS, PipeTotals, pipe_ratios
+from .pipes import EXTRA_GPM_METRICS, PIPE_SECONDS, PipeTotals, gpm_pipes, pipe_ratios
 
 # The instant SM and tensor ratios are the status page's only (served=False): Prometheus reads
 # the exact mean over any window as rate() of the _seconds_total integrals (docs/migration.md).
@@ -135,7 +135,7 @@ class GpmSource(ActivitySource):
         self._previous: tuple[Any, float] | None = None
         # Metric ids asked: pipes that answer NotSupported are not asked again. MIG instances
         # get no pipes: 10 series per instance would double a MIG node's series (56 instances).
-        extra = () if device.id.is_mig else EXTRA_GPM_METRICS
+        extra = () if device.id.is_mig else gpm_pipes(context.config.pipes_detail)
         self._request = GpmRequest((*_GPM_METRICS, *extra))
 
     def read(self, calls: DeviceCalls) -> ActivityReading | None:

@@ -1,5 +1,6 @@
-"""Every GPM pipe and the media engines: FP64/FP32/FP16/integer/graphics pipes and the encoder,
-decoder, JPEG and optical-flow engines, each a ``_seconds_total`` integral of its ratio (rate()
+"""Every GPM pipe and the media engines: FP64/FP32/FP16/graphics pipes and the encoder and
+decoder engines (the integer pipe and the JPEG and optical-flow engines with
+``--collector.pipes.detail``), each a ``_seconds_total`` integral of its ratio (rate()
 is the mean ratio over any window: no instant gauge beside it, docs/migration.md).
 
 The pipes come from the same ``nvmlGpmMetricsGet`` call as SM activity (Hopper and newer; no
@@ -44,6 +45,15 @@ PIPES = {
     "graphics": pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL,
 }
 EXTRA_GPM_METRICS = tuple(PIPES.values())
+# Read by no rule, dashboard or compatibility series (dcgm-exporter's defaults have none of them
+# either): asked for and served only with --collector.pipes.detail (docs/migration.md).
+DETAIL_PIPES = frozenset({pynvml.NVML_GPM_METRIC_INTEGER_UTIL})
+DETAIL_ENGINES = frozenset({"jpeg", "ofa"})
+
+
+def gpm_pipes(detail: bool) -> tuple[int, ...]:
+    """The pipe metric ids to ask GPM for."""
+    return tuple(m for m in EXTRA_GPM_METRICS if detail or m not in DETAIL_PIPES)
 
 
 def pipe_ratios(values: Mapping[int, float]) -> dict[str, float]:
@@ -95,10 +105,12 @@ class EnginesCollector(Collector):
         super().__init__(device, context)
         self._totals = PipeTotals()
         self._last_time: float | None = None
+        detail = context.config.pipes_detail
+        self._calls = tuple(c for c in _ENGINE_CALLS if detail or c[0] not in DETAIL_ENGINES)
 
     def collect(self, calls: DeviceCalls, out: SampleWriter) -> None:
         ratios = {}
-        for engine, function in _ENGINE_CALLS:
+        for engine, function in self._calls:
             answer = calls.get(function, self.device.handle)
             if answer is not None:
                 ratios[f"engine:{engine}"] = clamp_ratio(float(answer[0]))
