@@ -26,7 +26,7 @@ PROFILE_CALL = "nvmlDeviceGetGpuInstanceProfileInfoV"
 
 def profiles(sim: SimulatedSampler, gpu: int) -> dict[str, tuple[float, int]]:
     """profile -> (compute fraction, memory MiB) the book holds for GPU ``gpu``."""
-    table = sim.sampler.mig_profiles.table(sim.node.gpus[gpu].uuid)
+    table = sim.shared.mig_profiles.table(sim.node.gpus[gpu].uuid)
     if table is None:
         return {}
     return {p.name: (table.compute_fraction(p), p.memory_mib) for p in table.profiles}
@@ -49,7 +49,7 @@ async def test_profiles_are_read_with_mig_on_or_off_and_not_for_gpus_without_mig
 
         assert profiles(sim, 2) == {}, "L40S has no MIG: nothing read"
         assert profiles(sim, 3)["1g.20gb"][0] == pytest.approx(1 / 7), "A100 80GB, MIG off"
-        fractions = sim.sampler.mig_profiles.compute_fractions()
+        fractions = sim.shared.mig_profiles.compute_fractions()
         assert fractions[("NVIDIA H100 80GB HBM3", "3g.40gb")] == pytest.approx(3 / 7)
         assert fractions[("NVIDIA A100-SXM4-80GB", "1g.20gb")] == pytest.approx(1 / 7)
     assert not [name for name, _ in series if name.startswith("gpu_mig_profile")], (
