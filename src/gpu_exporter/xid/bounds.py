@@ -40,7 +40,7 @@ class LabelBounds:
     def xid(self, labels: CountKey, code: int, seen: Iterable[LastKey]) -> CountKey:
         bounded = bound_xid(labels, self._known, seen)
         if bounded is not labels:
-            self._fold("xid", gpu=labels[0], uuid=labels[1], xid=code)
+            self._fold("xid", gpu=labels.gpu, uuid=labels.uuid, xid=code)
         return bounded
 
     def sxid(self, line: SxidLine, seen: Iterable[SxidKey]) -> SxidKey:
@@ -63,17 +63,17 @@ class LabelBounds:
 def bound_xid(labels: CountKey, known: Callable[[int], bool], seen: Iterable[LastKey]) -> CountKey:
     """``labels`` with its code folded into ``"other"`` when the GPU has used up its unknown
     codes; ``labels`` itself when it passes."""
-    code = labels[2]
+    code = labels.xid
     if known(int(code)):
         return labels
     unknown = {
         key[2]
         for key in seen
-        if key[:2] == labels[:2] and key[2] != OTHER and not known(int(key[2]))
+        if key[:2] == (labels.gpu, labels.uuid) and key[2] != OTHER and not known(int(key[2]))
     }
     if code in unknown or len(unknown) < MAX_UNKNOWN_XIDS_PER_GPU:
         return labels
-    return (labels[0], labels[1], OTHER, labels[3], labels[4], labels[5], labels[6])
+    return labels._replace(xid=OTHER)
 
 
 def bound_sxid(key: SxidKey, seen: Iterable[SxidKey]) -> tuple[SxidKey, str | None]:

@@ -283,7 +283,7 @@ class XidCore:
         device = obs.device
         gpu = str(device.index) if device is not None else ""
         uuid = device.uuid if device is not None else ""
-        return (gpu, uuid, str(obs.xid), xid_class, action, namespace, pod)
+        return CountKey(gpu, uuid, str(obs.xid), xid_class, action, namespace, pod)
 
     def _lookup_holder(self, obs: Observation) -> tuple[str, str]:
         if self.holder is None or (obs.device is None and obs.pid is None):
@@ -305,9 +305,9 @@ class XidCore:
         return Count(labels, obs.when, next_id, obs.dedup_key, (obs.channel,), obs.xid, origin)
 
     def _latch_ops(self, obs: Observation, labels: CountKey) -> list[SetLatch]:
-        if labels[3] != "hardware" or not obs.gpu_uuid:
+        if labels.xid_class != "hardware" or not obs.gpu_uuid:
             return []
-        return self._latch_on(obs.gpu_uuid, labels[0], "hardware_xid")
+        return self._latch_on(obs.gpu_uuid, labels.gpu, "hardware_xid")
 
     def note_lost_records(self, count: int) -> None:
         with self._lock:
@@ -488,18 +488,17 @@ def _log_sxid(obs: SxidObservation) -> None:
 
 
 def _log_xid(obs: Observation, labels: CountKey) -> None:
-    gpu, uuid, xid, xid_class, action, namespace, pod = labels
     fields: dict[str, Any] = {
-        "gpu": gpu,
-        "uuid": uuid,
+        "gpu": labels.gpu,
+        "uuid": labels.uuid,
         "pci_bus_id": obs.bus_id,
         "xid": obs.xid,
-        "class": xid_class,
-        "action": action,
+        "class": labels.xid_class,
+        "action": labels.action,
         "pid": obs.pid,
         "process_name": obs.process_name,
-        "namespace": namespace,
-        "pod": pod,
+        "namespace": labels.namespace,
+        "pod": labels.pod,
         "source": obs.source,
         "event_time": obs.when,
         "raw": obs.raw,
@@ -512,8 +511,8 @@ def _log_xid(obs: Observation, labels: CountKey) -> None:
         fields["boot_id"], fields["seq"] = obs.kmsg[0], obs.kmsg[1]
     if obs.kmsg_mark is not None and obs.kmsg_mark[0] is not None:
         fields["kernel_usec"] = obs.kmsg_mark[0]
-    if not uuid:
+    if not labels.uuid:
         fields["unmatched_bus_id"] = True
-    if xid != str(obs.xid):
-        fields["xid_label"] = xid  # folded: beyond the GPU's cap of unknown codes
-    getattr(_log, _LEVEL_BY_CLASS.get(xid_class, "warning"))("xid", **fields)
+    if labels.xid != str(obs.xid):
+        fields["xid_label"] = labels.xid  # folded: beyond the GPU's cap of unknown codes
+    getattr(_log, _LEVEL_BY_CLASS.get(labels.xid_class, "warning"))("xid", **fields)

@@ -16,10 +16,20 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-# (gpu, uuid, xid, class, action, namespace, pod): the label values of gpu_xid_errors_total.
-CountKey = tuple[str, str, str, str, str, str, str]
 # (switch, pci_bus_id, sxid, severity): the labels of gpu_nvswitch_sxid_errors_total.
 SxidKey = tuple[str, str, str, str]
+
+
+class CountKey(NamedTuple):
+    """The label values of one ``gpu_xid_errors_total`` series, in the family's label order."""
+
+    gpu: str
+    uuid: str
+    xid: str  # the code, or "other" once the GPU has used up its unknown codes
+    xid_class: str
+    action: str
+    namespace: str
+    pod: str
 
 
 class BadOp(ValueError):
@@ -236,7 +246,7 @@ def count_key(values: Sequence[Any]) -> CountKey:
     items = [str(v) for v in values]
     if len(items) != 7:
         raise ValueError(f"expected 7 labels, got {len(items)}")
-    return (items[0], items[1], items[2], items[3], items[4], items[5], items[6])
+    return CountKey(*items)
 
 
 def sxid_key(values: Sequence[Any]) -> SxidKey:

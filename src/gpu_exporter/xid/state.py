@@ -155,7 +155,7 @@ class XidState:
         return [
             key
             for key, when in self.count_last.items()
-            if (key[5] or key[6]) and when < before and key in self.counts
+            if (key.namespace or key.pod) and when < before and key in self.counts
         ]
 
     def sxid_expirable(self, before: float) -> list[SxidKey]:
@@ -165,8 +165,8 @@ class XidState:
     def class_totals(self) -> dict[ClassKey, float]:
         """Xids counted per (gpu, uuid, class), expired pod series included."""
         totals = dict(self.expired)
-        for (gpu, uuid, _xid, xid_class, *_rest), value in self.counts.items():
-            key = (gpu, uuid, xid_class)
+        for labels, value in self.counts.items():
+            key = (labels.gpu, labels.uuid, labels.xid_class)
             totals[key] = totals.get(key, 0.0) + value
         return totals
 
@@ -228,9 +228,9 @@ class XidState:
         self._origin(op.origin)
         self.counts[labels] = self.counts.get(labels, 0.0) + 1.0
         self.count_last[labels] = max(when, self.count_last.get(labels, when))
-        last_key = labels[:4]
+        last_key = (labels.gpu, labels.uuid, labels.xid, labels.xid_class)
         self.last_seen[last_key] = max(when, self.last_seen.get(last_key, when))
-        xid = op.xid if op.xid is not None else int(labels[2])  # the label may be "other"
+        xid = op.xid if op.xid is not None else int(labels.xid)  # the label may be "other"
         self.recent.append(Recent(op.event_id, op.dedup_key, xid, when, set(op.channels)))
         self.next_id = max(self.next_id, op.event_id + 1)
         self._prune(when)
@@ -240,7 +240,7 @@ class XidState:
         self.count_last.pop(labels, None)
         value = self.counts.pop(labels, 0.0)
         if value:
-            key = (labels[0], labels[1], labels[3])
+            key = (labels.gpu, labels.uuid, labels.xid_class)
             self.expired[key] = self.expired.get(key, 0.0) + value
 
     def _latch(self, op: SetLatch | ClearLatch) -> None:
