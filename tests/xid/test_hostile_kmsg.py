@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_exporter.xid.kmsg import MAX_RECORD, LineSplitter
+from gpu_exporter.xid.lines import MAX_RECORD, LineSplitter
 
 from .conftest import KmsgFile, Make, caught_up, drain, value, wait_until, xid_count
 

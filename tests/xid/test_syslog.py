@@ -17,16 +17,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpu_exporter.xid import XidSubsystem
-from gpu_exporter.xid.kmsg import (
-    MAX_OVERLAP_CANDIDATES,
-    Batch,
-    Klogctl,
-    KmsgReader,
-    SyslogBuffer,
-    overlap,
-)
+from gpu_exporter.xid.kmsg import Batch, KmsgReader
 from gpu_exporter.xid.parser import parse_record, parse_syslog, parse_syslog_line, text_hash
 from gpu_exporter.xid.state import XidState
+from gpu_exporter.xid.syslog import MAX_OVERLAP_CANDIDATES, Klogctl, SyslogBuffer, overlap
 
 from .conftest import (
     GPU0,

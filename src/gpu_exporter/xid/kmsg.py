@@ -37,27 +37,8 @@ from ..logs import RateLimitedLog, get_logger
 from .lines import MAX_RECORD, LineSplitter
 from .ops import KmsgMark
 from .parser import KmsgRecord, parse_record
-from .syslog import (
-    MAX_OVERLAP_CANDIDATES,
-    Klogctl,
-    ReadAll,
-    SyslogBuffer,
-    overlap,
-)
+from .syslog import ReadAll, SyslogBuffer
 from .wakeup import FileWatch, Poke
-
-__all__ = [
-    "MAX_OVERLAP_CANDIDATES",
-    "MAX_RECORD",
-    "Batch",
-    "Klogctl",
-    "KmsgReader",
-    "KmsgSyscalls",
-    "LineSplitter",
-    "ReadAll",
-    "SyslogBuffer",
-    "overlap",
-]
 
 CHUNK = 65_536
 BATCH = 512
@@ -118,7 +99,7 @@ class KmsgReader:
         on_file: Callable[[str, int], None] | None = None,
         on_oversized: Callable[[], None] = lambda: None,
     ) -> None:
-        """``syslog`` reads the whole kernel log (see :class:`Klogctl`); given, it is used for
+        """``syslog`` reads the whole kernel log (``syslog.Klogctl``); given, it is used for
         the path ``syslog:``, and when the path is ``/dev/kmsg`` and cannot be opened.
         ``opener`` and ``read`` are the system calls (see :class:`KmsgSyscalls`). ``on_file`` is
         called with a regular file's key and descriptor each time it is opened, before it is

@@ -14,8 +14,9 @@ from typing import Any
 
 from ..config import Config
 from .classes import Classifier
-from .kmsg import SYSLOG_POLL_S, KmsgSyscalls, ReadAll
+from .kmsg import SYSLOG_POLL_S, KmsgSyscalls
 from .statedir import Write
+from .syslog import ReadAll
 
 
 @dataclass(frozen=True)

@@ -29,17 +29,14 @@ from .core import (
 )
 from .ingest import Ingest, gpu_uuid
 from .journal import Journal
-from .kmsg import (
-    Klogctl,
-    KmsgReader,
-    KmsgSyscalls,
-)
+from .kmsg import KmsgReader, KmsgSyscalls
 from .metrics import FAMILIES, render
 from .nvml_events import Inventory, NvmlEventThread
 from .parser import (
     normalize_bus_id,
 )
 from .settings import XidHooks, XidSettings, split_options
+from .syslog import Klogctl
 
 BOOT_ID_FILE = "sys/kernel/random/boot_id"
 
