@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from gpu_exporter.allocation.history import HolderHistory
 from gpu_exporter.allocation.processes import GpuProcess
 from gpu_exporter.allocation.subsystem import AllocationSubsystem
@@ -59,6 +61,20 @@ def test_old_tenures_are_pruned() -> None:
     assert history.holders(UUID_A, 5.0) == {TRAIN}
     history.observe(100.0, {GPU_A: set()})
     assert history.holders(UUID_A, 5.0) == set()
+
+
+def test_a_snapshot_stays_as_it_was_while_the_history_moves_on() -> None:
+    """What another thread holds (the Xid readers) is frozen: later polls make a new one."""
+    history = HolderHistory(slack=1.0)
+    assert history.observe(100.0, {GPU_A: {TRAIN}}), "a new tenure is a change"
+    before = history.snapshot({4242: SHARE_B})
+    assert history.observe(150.0, {GPU_A: set()}), "an ended tenure is a change"
+    assert not history.observe(160.0, {GPU_A: set()}), "nothing new: no new snapshot is needed"
+    assert before.holder(UUID_A, 200.0) == TRAIN  # the tenure as it was, still open
+    assert history.snapshot().holder(UUID_A, 200.0) is None
+    assert before.holder(UUID_C, 100.0, 4242) == SHARE_B  # a PID seen in a pod wins
+    with pytest.raises(TypeError):
+        before.by_pid[1] = TRAIN  # type: ignore[index]
 
 
 class Processes:

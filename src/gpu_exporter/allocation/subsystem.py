@@ -50,7 +50,7 @@ from .accounting import IdleAccountant
 from .cdi import CdiIndex, CdiReader
 from .cgroups import PodName
 from .dra import GPU_DRIVER
-from .history import HolderHistory
+from .history import HolderHistory, HolderSnapshot
 from .metrics import FAMILIES
 from .model import Allocations, PodKey, resolve_snapshot
 from .podresources import PodResourcesClient, PodResourcesError, PodResourcesSnapshot
@@ -148,6 +148,7 @@ class AllocationSubsystem:
         self._device_ids: tuple[DeviceId, ...] = ()  # the devices at the last poll
         self._pod_names: dict[str, PodName] = {}
         self._pids: dict[int, _PidOwner] = {}
+        self._holders = HolderSnapshot()
         self._memory: list[Sample] = []
         self._samples: list[Sample] = []
         self._dirty = True  # the samples are rebuilt when next read
@@ -201,18 +202,19 @@ class AllocationSubsystem:
         return self._allocations
 
     def holder(self, uuid: str, at_wall_time: float, pid: int | None = None) -> PodKey | None:
-        """(namespace, pod) that held ``uuid`` at ``at_wall_time``; None if none or ambiguous.
+        """(namespace, pod) that held ``uuid`` then (see :meth:`HolderSnapshot.holder`)."""
+        return self._holders.holder(uuid, at_wall_time, pid)
 
-        A PID seen in a pod wins (it singles out one pod of a time-sliced device); otherwise the
-        holder history must name exactly one pod. ``uuid`` may be a GPU in MIG mode: then any of
-        its instances' holders count.
-        """
-        if pid is not None:
-            owner = self._pids.get(pid)
-            if owner is not None:
-                return owner.pod
-        pods = self._history.holders(uuid, at_wall_time)
-        return next(iter(pods)) if len(pods) == 1 else None
+    def holders(self) -> HolderSnapshot:
+        """Who held which device, as of the last update and process scan: an immutable value,
+        so any thread may call this (the Xid readers attribute with it)."""
+        return self._holders
+
+    def _publish_holders(self, *, history_changed: bool = True) -> None:
+        """Freeze the holder history and the PIDs' pods for :meth:`holders`, when either changed."""
+        by_pid = {pid: owner.pod for pid, owner in self._pids.items()}
+        if history_changed or by_pid != self._holders.by_pid:
+            self._holders = self._history.snapshot(by_pid)
 
     async def wait_for_poll(self) -> None:
         """Wait for the next poll to finish (tests and callers that need fresh data)."""
@@ -251,7 +253,8 @@ class AllocationSubsystem:
         held = _held(allocations)
         self._accountant.update(self._clock(), held, allocations.replicated)
         self._rightsizer.update(self._clock(), held)
-        self._history.observe(self._wall_clock(), held)
+        if self._history.observe(self._wall_clock(), held):
+            self._publish_holders()
         self._allocations = allocations
         self._dirty = True
 
@@ -360,6 +363,7 @@ class AllocationSubsystem:
             key = (process.device, names.namespace, names.pod, container)
             memory.setdefault(key, []).append(process.used_bytes)
         self._pids = {p: o for p, o in self._pids.items() if now - o.seen < PID_RETENTION}
+        self._publish_holders(history_changed=False)
         self._memory = list(memory_samples(memory))
         self._rightsizer.observe_memory(memory)
         self._dirty = True
