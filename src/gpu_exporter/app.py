@@ -340,7 +340,7 @@ def _build_xid(
         settings,
         devices=sampler.devices,
         unidentified_lost=sampler.unidentified_lost,
-        holder=allocation,
+        holders=None if allocation is None else allocation.holders,
         on_change=sampler.note_news,
     )
 

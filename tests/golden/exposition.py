@@ -23,7 +23,7 @@ from gpu_exporter.nvml import WorkerPool
 from gpu_exporter.sampler import Sampler
 from gpu_exporter.simulator import SimulatedNode, install, load_scenario, uninstall
 from gpu_exporter.simulator.kubelet import SimulatedKubelet
-from gpu_exporter.xid import XidSubsystem
+from gpu_exporter.xid import XidSettings, XidSubsystem
 from tests.helpers import ManualClock, SharedState, make_config
 
 HERE = Path(__file__).resolve().parent
@@ -68,13 +68,10 @@ async def golden_exposition() -> str:
             wall_clock=lambda: WALL_EPOCH + clock(),
         )
         xid = XidSubsystem(
+            XidSettings(kmsg_path=None, state_dir=None, nvml_events=False, boot_id="golden-boot"),
             devices=sampler.devices,
             unidentified_lost=sampler.unidentified_lost,
-            kmsg_path=None,
-            state_dir=None,
-            nvml_events=False,
-            boot_id="golden-boot",
-            holder=allocation,
+            holders=allocation.holders,
             clock=lambda: WALL_EPOCH + clock(),
             uptime=clock,
         )

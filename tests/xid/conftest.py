@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import time
 from collections.abc import Callable
@@ -13,7 +14,7 @@ import pytest
 
 from gpu_exporter.devices import Device, DeviceId
 from gpu_exporter.exposition import render
-from gpu_exporter.xid import XidSubsystem
+from gpu_exporter.xid import XidSettings, XidSubsystem
 
 GPU0 = DeviceId(index=0, uuid="GPU-0000", pci_bus_id="00000000:18:00.0")
 GPU1 = DeviceId(index=1, uuid="GPU-1111", pci_bus_id="00000000:3B:00.0", mig_mode="enabled")
@@ -45,17 +46,23 @@ class FillableDisk:
         return os.write(fd, data)
 
 
+SETTING_NAMES = frozenset(field.name for field in dataclasses.fields(XidSettings))
+
+
 def plain_subsystem(tmp_path: Path, **overrides: Any) -> XidSubsystem:
-    """A subsystem on the fake devices, reading ``tmp_path/kmsg`` into ``tmp_path/state``."""
-    params: dict[str, Any] = {
-        "devices": fake_devices,
+    """A subsystem on the fake devices, reading ``tmp_path/kmsg`` into ``tmp_path/state``.
+    ``overrides``: :class:`XidSettings` fields and the subsystem's other arguments, by name."""
+    settings: dict[str, Any] = {
         "kmsg_path": tmp_path / "kmsg",
         "state_dir": tmp_path / "state",
         "nvml_events": False,
         "boot_id": "boot-1",
         "poll_interval": 0.02,
     }
-    return XidSubsystem(**{**params, **overrides})
+    arguments: dict[str, Any] = {"devices": fake_devices}
+    for name, override in overrides.items():
+        (settings if name in SETTING_NAMES else arguments)[name] = override
+    return XidSubsystem(XidSettings(**settings), **arguments)
 
 
 def fake_devices() -> list[Device]:

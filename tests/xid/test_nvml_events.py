@@ -15,7 +15,7 @@ import pytest
 
 from gpu_exporter.devices import Device, DeviceId, discover_gpu
 from gpu_exporter.nvml import ErrorCounter, SupportRegistry
-from gpu_exporter.xid import XidSubsystem
+from gpu_exporter.xid import XidSettings, XidSubsystem
 
 from .conftest import caught_up, drain, value, wait_until, xid_count
 
@@ -74,11 +74,13 @@ async def test_fake_nvml_events(monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
         for i, h in enumerate(handles)
     ]
     xid = XidSubsystem(
+        XidSettings(
+            kmsg_path=None,
+            state_dir=tmp_path / "state",
+            boot_id="b",
+            nvml_wait_ms=20,
+        ),
         devices=lambda: gpus,
-        kmsg_path=None,
-        state_dir=tmp_path / "state",
-        boot_id="b",
-        nvml_wait_ms=20,
     )
     await xid.start()
     try:
@@ -127,12 +129,14 @@ async def test_against_the_simulator(tmp_path: Path) -> None:
         gpus = [discover_gpu(i, SupportRegistry(), ErrorCounter()) for i in range(3)]
         devices = [device for gpu in gpus for device in gpu.devices()]
         xid = XidSubsystem(
+            XidSettings(
+                kmsg_path=kmsg_path,
+                state_dir=tmp_path / "state",
+                boot_id=node.scenario.node.boot_id,
+                poll_interval=0.02,
+                nvml_wait_ms=50,
+            ),
             devices=lambda: devices,
-            kmsg_path=kmsg_path,
-            state_dir=tmp_path / "state",
-            boot_id=node.scenario.node.boot_id,
-            poll_interval=0.02,
-            nvml_wait_ms=50,
         )
         await xid.start()
         running = xid
@@ -180,11 +184,13 @@ async def test_a_lost_gpu_whose_event_waits_keep_failing_does_not_stop_the_other
         gpus = [discover_gpu(i, SupportRegistry(), ErrorCounter()) for i in range(3)]
         devices = [device for gpu in gpus for device in gpu.devices()]
         xid = XidSubsystem(
+            XidSettings(
+                kmsg_path=None,
+                state_dir=tmp_path / "state",
+                boot_id=node.scenario.node.boot_id,
+                nvml_wait_ms=50,
+            ),
             devices=lambda: devices,  # the lost GPU stays in the inventory
-            kmsg_path=None,
-            state_dir=tmp_path / "state",
-            boot_id=node.scenario.node.boot_id,
-            nvml_wait_ms=50,
         )
         await xid.start()
         running = xid
@@ -217,11 +223,13 @@ async def test_without_root_a_mig_xid_event_is_counted_on_its_gpu(tmp_path: Path
         gpus = [discover_gpu(i, SupportRegistry(), ErrorCounter()) for i in range(3)]
         devices = [device for gpu in gpus for device in gpu.devices()]
         xid = XidSubsystem(
+            XidSettings(
+                kmsg_path=None,
+                state_dir=tmp_path / "state",
+                boot_id=node.scenario.node.boot_id,
+                nvml_wait_ms=50,
+            ),
             devices=lambda: devices,
-            kmsg_path=None,
-            state_dir=tmp_path / "state",
-            boot_id=node.scenario.node.boot_id,
-            nvml_wait_ms=50,
         )
         await xid.start()
         running = xid

@@ -38,7 +38,7 @@ class PodsByPid:
 
 def core_for(state_dir: Path, clock: Clock, disk: FillableDisk | None = None) -> XidCore:
     journal = Journal(state_dir, write=(disk or FillableDisk()).write)
-    core = XidCore(load_classifier(), journal, holder=PodsByPid(), clock=clock)
+    core = XidCore(load_classifier(), journal, holders=lambda: PodsByPid(), clock=clock)
     core.load("boot-1")
     return core
 
@@ -147,7 +147,7 @@ async def test_the_subsystem_expires_pod_series_on_its_own(make_subsystem: Make)
     clock = Clock()
     subsystem = make_subsystem(
         kmsg_path=None,
-        holder=PodsByPid(),
+        holders=lambda: PodsByPid(),
         clock=clock,
         housekeeping_interval=0.01,
         pod_series_retention=RETENTION,

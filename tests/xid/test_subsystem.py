@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -222,7 +223,7 @@ async def test_same_xid_from_both_sources_counts_once(make_subsystem: Make, kmsg
 async def test_nvml_event_waits_for_the_kernel_line_to_get_the_pid(
     make_subsystem: Make, kmsg: KmsgFile
 ) -> None:
-    xid = make_subsystem(holder=PidHolder())
+    xid = make_subsystem(holders=lambda: PidHolder())
     await xid.start()
     try:
         await caught_up(xid)
@@ -393,12 +394,36 @@ class PidHolder:
 async def test_attribution_pid_wins_over_allocation(make_subsystem: Make, kmsg: KmsgFile) -> None:
     kmsg.write(XID13)  # pid=4242
     kmsg.write("NVRM: Xid (PCI:0000:18:00): 31, pid=1, name=x, MMU Fault")
-    xid = make_subsystem(holder=PidHolder())
+    xid = make_subsystem(holders=lambda: PidHolder())
     await xid.start()
     try:
         await wait_until(lambda: xid_count(xid) == 2)
         assert value(xid, "gpu_xid_errors_total", xid="13", namespace="team-b") == 1
         assert value(xid, "gpu_xid_errors_total", xid="31", pod="trainer") == 1
+    finally:
+        await xid.stop()
+
+
+async def test_attribution_does_not_wait_for_the_event_loop(
+    make_subsystem: Make, kmsg: KmsgFile
+) -> None:
+    """The kernel-log reader reads the allocation's holder snapshot on its own thread: an Xid is
+    attributed while the event loop is busy."""
+    asked = threading.Event()
+
+    def holders() -> PidHolder:
+        asked.set()
+        return PidHolder()
+
+    xid = make_subsystem(holders=holders)
+    await xid.start()
+    try:
+        await caught_up(xid)
+        kmsg.write(XID13)
+        # Held here, on the loop, until the reader has asked who holds the GPU.
+        assert asked.wait(3.0), "the kernel-log reader waited on the event loop for the holder"
+        await wait_until(lambda: xid_count(xid) == 1)
+        assert value(xid, "gpu_xid_errors_total", xid="13", pod="faulting-pod") == 1
     finally:
         await xid.stop()
 
@@ -411,7 +436,7 @@ async def test_failing_holder_lookup_does_not_lose_the_xid(
             raise RuntimeError("allocation state not ready")
 
     kmsg.write(XID13)
-    xid = make_subsystem(holder=Broken())
+    xid = make_subsystem(holders=lambda: Broken())
     await xid.start()
     try:
         await wait_until(lambda: xid_count(xid) == 1)

@@ -480,7 +480,7 @@ async def test_nvml_event_gets_a_prompt_read_and_the_kernel_line_wins(
     from .test_subsystem import PidHolder
 
     # Polled only every minute: only the read the NVML thread asks for can see the line in time.
-    xid = make_syslog(holder=PidHolder(), syslog_poll=60.0, nvml_events=True)
+    xid = make_syslog(holders=lambda: PidHolder(), syslog_poll=60.0, nvml_events=True)
     await xid.start()
     try:
         await wait_until(lambda: value(xid, "gpu_exporter_source_up", source="kmsg") == 1)

@@ -7,8 +7,7 @@ a device listener.
 from .classes import Classifier, XidClassesError, load_classifier
 from .core import HolderLookup, Observation, XidCore
 from .metrics import FAMILIES
-from .settings import XidHooks, XidSettings
-from .subsystem import XidSubsystem, read_boot_id
+from .subsystem import XidSettings, XidSubsystem, read_boot_id
 
 __all__ = [
     "FAMILIES",
@@ -17,7 +16,6 @@ __all__ = [
     "Observation",
     "XidClassesError",
     "XidCore",
-    "XidHooks",
     "XidSettings",
     "XidSubsystem",
     "load_classifier",

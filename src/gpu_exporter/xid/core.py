@@ -54,13 +54,14 @@ _log = get_logger("xid")
 
 
 class HolderLookup(Protocol):
-    """Who held a device at a time: ``(namespace, pod)`` or None (the allocation subsystem).
+    """Who held a device at a time: ``(namespace, pod)`` or None.
 
-    XidSubsystem calls it on the event loop (reader threads wait for it), so it must be cheap
-    (no I/O) but need not be thread-safe. ``uuid`` is the
-    device's uuid (a MIG instance's own ``MIG-...`` uuid when the Xid names the instance). When
-    ``pid`` is given (the kernel line names the faulting process) and maps to a pod, that pod must
-    win over the device's allocation: on a shared (time-sliced) GPU it is the one that faulted.
+    In production the allocation subsystem's latest holder snapshot, an immutable value the
+    reader threads read directly (no thread waits on the event loop); it must be cheap (no I/O).
+    ``uuid`` is the device's uuid (a MIG instance's own ``MIG-...`` uuid when the Xid names the
+    instance). When ``pid`` is given (the kernel line names the faulting process) and maps to a
+    pod, that pod must win over the device's allocation: on a shared (time-sliced) GPU it is the
+    one that faulted.
     """
 
     def holder(self, uuid: str, at_wall_time: float, pid: int | None) -> tuple[str, str] | None: ...
@@ -126,13 +127,13 @@ class XidCore:
         classifier: Classifier,
         journal: Journal,
         *,
-        holder: HolderLookup | None = None,
+        holders: Callable[[], HolderLookup] | None = None,
         window: float = 5.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._classifier = classifier
         self._journal = journal
-        self.holder = holder  # replaced by XidSubsystem.start with one that asks the loop
+        self._holders = holders
         self._window = window
         self._clock = clock
         self._lock = threading.Lock()
@@ -286,11 +287,11 @@ class XidCore:
         return CountKey(gpu, uuid, str(obs.xid), xid_class, action, namespace, pod)
 
     def _lookup_holder(self, obs: Observation) -> tuple[str, str]:
-        if self.holder is None or (obs.device is None and obs.pid is None):
+        if self._holders is None or (obs.device is None and obs.pid is None):
             return "", ""
         uuid = obs.device.uuid if obs.device is not None else ""
         try:
-            found = self.holder.holder(uuid, obs.when, obs.pid)
+            found = self._holders().holder(uuid, obs.when, obs.pid)
         except Exception as exc:  # attribution is best effort; the Xid must still count
             self._rlog.warning("holder", "holder lookup failed", uuid=uuid, error=repr(exc))
             return "", ""

@@ -9,18 +9,20 @@ changed, and keeps the device index the readers use up to date.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import functools
+import os
+import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..devices import Device, DeviceId
 from ..exposition import Family, Sample
 from ..logs import get_logger
-from .classes import load_classifier
+from .classes import Classifier, load_classifier
 from .core import (
     SOURCE_KMSG,
     SOURCE_NVML,
@@ -29,67 +31,90 @@ from .core import (
 )
 from .ingest import Ingest, gpu_uuid
 from .journal import Journal
-from .kmsg import KmsgReader, KmsgSyscalls
+from .kmsg import DEVICE_PATH, SYSLOG_POLL_S, KmsgReader, KmsgSyscalls
 from .metrics import FAMILIES, render
 from .nvml_events import Inventory, NvmlEventThread
 from .parser import (
     normalize_bus_id,
 )
-from .settings import XidHooks, XidSettings, split_options
-from .syslog import Klogctl
+from .statedir import Write
+from .syslog import Klogctl, ReadAll
 
 BOOT_ID_FILE = "sys/kernel/random/boot_id"
 
 _log = get_logger("xid")
 
 
+@dataclass(frozen=True)
+class XidSettings:
+    """What the Xid subsystem is configured with (built from ``Config`` in ``app._build_xid``).
+
+    ``kmsg_path`` None: no kernel-log source. ``/dev/kmsg`` falls back to ``syslog(2)`` when
+    the device cannot be opened; ``syslog:`` reads through ``syslog(2)`` only. ``state_dir``
+    None: no journal. ``boot_id`` None: read from ``proc_path``. ``pod_series_retention`` None:
+    pod series stay until the pod's next Xid or a restart."""
+
+    kmsg_path: Path | None = DEVICE_PATH
+    state_dir: Path | None = None
+    proc_path: Path = Path("/proc")
+    classes_path: Path | None = None
+    nvml_events: bool = True
+    boot_id: str | None = None
+    pod_series_retention: float | None = None
+    dedup_window: float = 5.0
+    poll_interval: float = 0.05
+    nvml_wait_ms: int = 250
+    nvml_grace: float = 0.3
+    syslog_poll: float = SYSLOG_POLL_S
+    housekeeping_interval: float = 10.0
+
+
 class XidSubsystem:
-    """Built from :class:`XidSettings` (and :class:`XidHooks` in tests); nothing runs until
-    :meth:`start`. Raises :class:`~gpu_exporter.xid.classes.XidClassesError` at construction
-    for a bad ``classes_path`` file."""
+    """Built from :class:`XidSettings`; nothing runs until :meth:`start`. Raises
+    :class:`~gpu_exporter.xid.classes.XidClassesError` at construction for a bad
+    ``classes_path`` file.
+
+    ``holders`` returns the allocation subsystem's latest holder snapshot; the reader threads
+    call it for each Xid, so it must be safe on any thread (it hands out an immutable value).
+
+    Stand-ins (tests): ``clock`` and ``uptime`` the wall and monotonic clocks, ``classifier``
+    the one loaded from ``classes_path``, ``syslog`` the ``klogctl`` call (tests feed it
+    buffers), ``journal_write`` the journal's ``os.write`` (a disk that fills up),
+    ``kmsg_syscalls`` the kernel-log device's ``open`` and ``read``."""
 
     families: Sequence[Family] = FAMILIES
 
     def __init__(
         self,
-        settings: XidSettings | None = None,
+        settings: XidSettings,
         *,
         devices: Callable[[], Iterable[Device]],
         unidentified_lost: Callable[[], Iterable[int]] = tuple,
-        holder: HolderLookup | None = None,
+        holders: Callable[[], HolderLookup] | None = None,
         on_change: Callable[[], None] | None = None,
-        hooks: XidHooks | None = None,
-        **options: Any,
+        clock: Callable[[], float] = time.time,
+        uptime: Callable[[], float] = time.monotonic,
+        classifier: Classifier | None = None,
+        syslog: ReadAll | None = None,
+        journal_write: Write = os.write,
+        kmsg_syscalls: KmsgSyscalls | None = None,
     ) -> None:
-        """``options``: any :class:`XidSettings` or :class:`XidHooks` field by name, applied over
-        ``settings``/``hooks`` (tests spell a subsystem that way)."""
-        settings, hooks = split_options(settings, hooks, options)
-        self.settings, self.hooks = settings, hooks
-        self.classifier = hooks.classifier or load_classifier(settings.classes_path)
+        self.settings = settings
+        self.classifier = classifier or load_classifier(settings.classes_path)
         self._devices = devices
         self._unidentified_lost = unidentified_lost
-        self._kmsg_path = settings.kmsg_path
-        self._proc = settings.proc_path
-        self._nvml_enabled = settings.nvml_events
         self._boot_id = settings.boot_id or ""
-        self._clock = hooks.clock
-        self._uptime = hooks.uptime
-        self._poll = settings.poll_interval
-        self._nvml_wait_ms = settings.nvml_wait_ms
-        self._nvml_grace = settings.nvml_grace
-        self._holder = holder
-        self._syslog = hooks.syslog
-        self._syslog_poll = settings.syslog_poll
-        self._housekeeping_interval = settings.housekeeping_interval
-        self._pod_series_retention = settings.pod_series_retention
-        self._kmsg_syscalls = hooks.kmsg_syscalls or KmsgSyscalls()
+        self._clock = clock
+        self._uptime = uptime
+        self._syslog = syslog
+        self._kmsg_syscalls = kmsg_syscalls or KmsgSyscalls()
         self._housekeeper: asyncio.Task[None] | None = None
         self.core = XidCore(
             self.classifier,
-            Journal(settings.state_dir, write=hooks.journal_write),
-            holder=holder,
+            Journal(settings.state_dir, write=journal_write),
+            holders=holders,
             window=settings.dedup_window,
-            clock=hooks.clock,
+            clock=clock,
         )
         self._inventory = Inventory()
         self._inventory_ids: tuple[DeviceId, ...] | None = None
@@ -112,13 +137,11 @@ class XidSubsystem:
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        if self._holder is not None:
-            self.core.holder = LoopHolder(self._holder, self._loop)
         if self._on_change is not None:
             self.core.on_publish = self._schedule_change
         self._refresh_inventory()
         if not self._boot_id:
-            self._boot_id = await asyncio.to_thread(read_boot_id, self._proc)
+            self._boot_id = await asyncio.to_thread(read_boot_id, self.settings.proc_path)
         # After discovery (the sampler starts first): latches for GPUs the node lacks are dropped.
         on_node = gpus_on_node(self._inventory, self._unidentified_lost())
         await asyncio.to_thread(self.core.load, self._boot_id, on_node)
@@ -131,36 +154,37 @@ class XidSubsystem:
         self._ingest.offset = self._clock() - self._uptime() if anchor is None else anchor
         self._control = ThreadPoolExecutor(max_workers=1, thread_name_prefix="xid-control")
         self._housekeeper = asyncio.create_task(self._housekeeping(), name="xid-housekeeping")
-        if self._kmsg_path is not None:
+        settings = self.settings
+        if settings.kmsg_path is not None:
             self._kmsg = KmsgReader(
-                self._kmsg_path,
+                settings.kmsg_path,
                 self._ingest.on_kmsg,
                 on_up=lambda up: self._set_up(SOURCE_KMSG, up),
                 on_lost=self.core.note_lost_records,
-                poll_interval=self._poll,
+                poll_interval=settings.poll_interval,
                 clock=self._clock,
                 syslog=self._syslog or Klogctl(),
-                syslog_poll=self._syslog_poll,
+                syslog_poll=settings.syslog_poll,
                 opener=self._kmsg_syscalls.open,
                 read=self._kmsg_syscalls.read,
                 on_file=self._ingest.check_file,
                 on_oversized=functools.partial(self.core.note_ignored, "oversized"),
             )
             self._kmsg.start()
-        if self._nvml_enabled:
+        if settings.nvml_events:
             self._nvml = NvmlEventThread(
                 lambda: self._inventory,
                 self._on_nvml_xid,
                 on_up=lambda up: self._set_up(SOURCE_NVML, up),
-                wait_ms=self._nvml_wait_ms,
+                wait_ms=settings.nvml_wait_ms,
                 clock=self._clock,
             )
             self._nvml.start()
         _log.info(
             "xid capture started",
-            kmsg_path=str(self._kmsg_path) if self._kmsg_path else None,
+            kmsg_path=str(settings.kmsg_path) if settings.kmsg_path else None,
             syslog_fallback=self._kmsg.syslog_fallback if self._kmsg else None,
-            nvml_events=self._nvml_enabled,
+            nvml_events=settings.nvml_events,
             boot_id=self._boot_id,
         )
 
@@ -169,11 +193,12 @@ class XidSubsystem:
         ``journal_ok`` drops even when no Xid arrives); while the journal is failing (disk full,
         read-only, corrupt at start, the directory gone), try to write it again, so it recovers by
         itself; and withdraw the series of pods whose latest Xid is older than the retention."""
+        retention = self.settings.pod_series_retention
         while True:
-            await asyncio.sleep(self._housekeeping_interval)
+            await asyncio.sleep(self.settings.housekeeping_interval)
             self._control_call(self.core.repair_journal)
-            if self._pod_series_retention is not None:
-                self._control_call(self.core.expire_pod_series, self._pod_series_retention)
+            if retention is not None:
+                self._control_call(self.core.expire_pod_series, retention)
 
     async def stop(self) -> None:
         if self._housekeeper is not None:
@@ -287,39 +312,7 @@ class XidSubsystem:
         """On the NVML thread: give the kernel log (when it is up) a moment to report first."""
         kmsg = self._kmsg
         if kmsg is not None and self._up.get(SOURCE_KMSG):
-            kmsg.wait_drained(self._nvml_grace)
-
-
-class LoopHolder:
-    """Runs the holder lookup on the event loop, where the allocation state it reads changes.
-
-    The reader thread waits for the answer (bounded); the loop only runs a dict lookup.
-    """
-
-    def __init__(
-        self, holder: HolderLookup, loop: asyncio.AbstractEventLoop, timeout: float = 1.0
-    ) -> None:
-        self._holder = holder
-        self._loop = loop
-        self._timeout = timeout
-
-    def holder(self, uuid: str, at_wall_time: float, pid: int | None) -> tuple[str, str] | None:
-        try:
-            on_loop = asyncio.get_running_loop() is self._loop
-        except RuntimeError:
-            on_loop = False
-        if on_loop:
-            return self._holder.holder(uuid, at_wall_time, pid)
-        answer: concurrent.futures.Future[tuple[str, str] | None] = concurrent.futures.Future()
-
-        def lookup() -> None:
-            try:
-                answer.set_result(self._holder.holder(uuid, at_wall_time, pid))
-            except Exception as exc:  # delivered to the waiting thread, which logs it
-                answer.set_exception(exc)
-
-        self._loop.call_soon_threadsafe(lookup)
-        return answer.result(self._timeout)
+            kmsg.wait_drained(self.settings.nvml_grace)
 
 
 def build_inventory(devices: Iterable[Device], version: int) -> Inventory:
