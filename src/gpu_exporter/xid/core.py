@@ -104,21 +104,24 @@ class SxidObservation:
 
 @dataclass(frozen=True)
 class Published:
-    """An immutable view of the state for the event loop."""
+    """An immutable view of the state for the event loop (``xid/metrics.render`` reads it).
 
-    counts: Mapping[CountKey, float] = field(default_factory=dict)
-    last_seen: Mapping[LastKey, float] = field(default_factory=dict)
-    class_counts: Mapping[tuple[str, str, str], float] = field(default_factory=dict)
-    sxid_counts: Mapping[SxidKey, float] = field(default_factory=dict)
-    sxid_last: Mapping[SxidKey, float] = field(default_factory=dict)
-    latches: tuple[tuple[str, str, str], ...] = ()  # (uuid, gpu, reason)
-    duplicates: Mapping[str, float] = field(default_factory=dict)
-    kmsg_lost: float = 0.0
-    unparsed: float = 0.0
-    ignored: Mapping[str, float] = field(default_factory=dict)  # kernel-log records, by reason
-    folded: Mapping[str, float] = field(default_factory=dict)  # label values beyond a cap
-    journal_ok: bool = False
-    journal_errors: Mapping[str, float] = field(default_factory=dict)  # by operation
+    No field has a default: :meth:`XidCore._publish`, the one place that builds it, cannot
+    leave a new one out."""
+
+    counts: Mapping[CountKey, float]
+    last_seen: Mapping[LastKey, float]
+    class_counts: Mapping[tuple[str, str, str], float]
+    sxid_counts: Mapping[SxidKey, float]
+    sxid_last: Mapping[SxidKey, float]
+    latches: tuple[tuple[str, str, str], ...]  # (uuid, gpu, reason)
+    duplicates: Mapping[str, float]  # by source
+    kmsg_lost: float
+    unparsed: float
+    ignored: Mapping[str, float]  # kernel-log records, by reason
+    folded: Mapping[str, float]  # label values beyond a cap
+    journal_ok: bool
+    journal_errors: Mapping[str, float]  # by operation
 
 
 class XidCore:
@@ -144,9 +147,9 @@ class XidCore:
         self._ignored: Counter[str] = Counter({reason: 0 for reason in IGNORED_REASONS})
         self._bounds = LabelBounds(classifier.known)
         self._rlog = RateLimitedLog(_log, period=60.0)
-        self.published = Published()
         # Called (from whichever thread made the change) after each publication.
         self.on_publish: Callable[[], None] | None = None
+        self._publish()
 
     # -- startup -----------------------------------------------------------------------------
 
@@ -424,6 +427,7 @@ class XidCore:
         self._publish()
 
     def _publish(self) -> None:
+        """Replace :attr:`published` (under the lock, or before any thread runs)."""
         state = self._state
         self.published = Published(
             counts=dict(state.counts),
