@@ -6,6 +6,7 @@ rendering, or without an example here, fails below and names the field."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,6 +21,17 @@ from gpu_exporter.xid.subsystem import build_inventory
 
 from .conftest import GPU0, fake_devices
 
+ROOT = Path(__file__).resolve().parents[2]
+RECIPE = (ROOT / "docs" / "design.md").read_text().split("### Adding an Xid counter", 1)[-1]
+RECIPE = RECIPE.split("\n#", 1)[0]
+# What the recipe tells a newcomer to change, file by file.
+RECIPE_FILES = {
+    "xid/core.py": ("class Published", "def _publish", "def note_unparsed", "self._lock"),
+    "xid/metrics.py": ("FAMILIES", "def render", "counter("),
+    "xid/state.py": ("class XidState", "def _apply", "def to_snapshot", "def from_snapshot"),
+    "xid/ops.py": ("def encode", "def decode"),
+    "xid/validate.py": ("def check_op", "def check_snapshot"),
+}
 UUID = GPU0.uuid
 # A value unlike the default for each field, as the core would publish it.
 EXAMPLES: dict[str, Any] = {
@@ -60,3 +72,11 @@ def test_a_published_field_changes_the_exposition(name: str) -> None:
     assert exposition(changed) != exposition(empty), (
         f"Published.{name} is not rendered: xid/metrics.render must turn it into samples"
     )
+
+
+@pytest.mark.parametrize("path", sorted(RECIPE_FILES))
+def test_the_recipe_names_files_that_hold_what_it_says(path: str) -> None:
+    assert f"`{path}`" in RECIPE, f"docs/design.md's 'Adding an Xid counter' no longer names {path}"
+    text = (ROOT / "src" / "gpu_exporter" / path).read_text()
+    missing = [symbol for symbol in RECIPE_FILES[path] if symbol not in text]
+    assert not missing, f"{path} lacks what the recipe points a newcomer to: {missing}"
