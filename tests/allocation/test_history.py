@@ -39,28 +39,29 @@ def test_event_in_the_past_resolves_to_who_held_it_then() -> None:
     history.observe(100.0, {GPU_A: {TRAIN}})
     history.observe(150.0, {GPU_A: set()})  # train released (seen at 150)
     history.observe(160.0, {GPU_A: {EVAL}})
-    assert history.holders(UUID_A, 120.0) == {TRAIN}
-    assert history.holders(UUID_A, 155.0) == set()
-    assert history.holders(UUID_A, 170.0) == {EVAL}
-    assert history.holders(UUID_A, 159.5) == {EVAL}  # within the slack of a late first sighting
-    assert history.holders(UUID_A, 90.0) == set()
+    assert history.snapshot().pods(UUID_A, 120.0) == {TRAIN}
+    assert history.snapshot().pods(UUID_A, 155.0) == set()
+    assert history.snapshot().pods(UUID_A, 170.0) == {EVAL}
+    # within the slack of a late first sighting:
+    assert history.snapshot().pods(UUID_A, 159.5) == {EVAL}
+    assert history.snapshot().pods(UUID_A, 90.0) == set()
 
 
 def test_mig_instances_answer_for_their_parent() -> None:
     history = HolderHistory()
     history.observe(100.0, {MIG_B1: {TRAIN}, MIG_B2: {EVAL}})
-    assert history.holders(MIG_1, 110.0) == {TRAIN}
-    assert history.holders(MIG_2, 110.0) == {EVAL}
-    assert history.holders(UUID_B, 110.0) == {TRAIN, EVAL}
+    assert history.snapshot().pods(MIG_1, 110.0) == {TRAIN}
+    assert history.snapshot().pods(MIG_2, 110.0) == {EVAL}
+    assert history.snapshot().pods(UUID_B, 110.0) == {TRAIN, EVAL}
 
 
 def test_old_tenures_are_pruned() -> None:
     history = HolderHistory(retention=60.0)
     history.observe(0.0, {GPU_A: {TRAIN}})
     history.observe(10.0, {GPU_A: set()})
-    assert history.holders(UUID_A, 5.0) == {TRAIN}
+    assert history.snapshot().pods(UUID_A, 5.0) == {TRAIN}
     history.observe(100.0, {GPU_A: set()})
-    assert history.holders(UUID_A, 5.0) == set()
+    assert history.snapshot().pods(UUID_A, 5.0) == set()
 
 
 def test_a_snapshot_stays_as_it_was_while_the_history_moves_on() -> None:

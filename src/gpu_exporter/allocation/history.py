@@ -61,10 +61,6 @@ class HolderHistory:
         pruned = self._prune(now)
         return opened or bool(ended) or pruned
 
-    def holders(self, uuid: str, at: float) -> set[PodKey]:
-        """Pods holding ``uuid`` (or, for a GPU in MIG mode, any of its instances) at ``at``."""
-        return self.snapshot().pods(uuid, at)
-
     def snapshot(self, by_pid: Mapping[int, PodKey] | None = None) -> HolderSnapshot:
         """The history as it is now, with the pod of each PID seen in one."""
         return HolderSnapshot(
