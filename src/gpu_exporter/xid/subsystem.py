@@ -1,9 +1,11 @@
 """``XidSubsystem``: the sampler's SampleSource and DeviceListener for Xids and drain latches.
 
-Threads: the kernel-log reader and the NVML event thread feed :class:`XidCore`; device listener
-calls (made on the event loop) go to a single control thread, because they write the journal.
-The event loop only reads: ``samples()`` re-renders from the core's immutable snapshot when it
-changed, and keeps the device index the readers use up to date.
+Threads: the kernel-log reader and the NVML event thread feed :class:`XidCore`, attributing each
+Xid from the allocation's latest holder snapshot on their own thread; device listener calls
+(made on the event loop) go to a single control thread, because they write the journal. The
+event loop only reads: ``samples()`` re-renders from the core's immutable snapshot when it
+changed, and keeps the device index the readers use up to date. A thread tells the loop about
+news with ``call_soon_threadsafe`` and never waits for it.
 """
 
 from __future__ import annotations
@@ -23,20 +25,13 @@ from ..devices import Device, DeviceId
 from ..exposition import Family, Sample
 from ..logs import get_logger
 from .classes import Classifier, load_classifier
-from .core import (
-    SOURCE_KMSG,
-    SOURCE_NVML,
-    HolderLookup,
-    XidCore,
-)
+from .core import SOURCE_KMSG, SOURCE_NVML, HolderLookup, XidCore
 from .ingest import Ingest, gpu_uuid
 from .journal import Journal
 from .kmsg import DEVICE_PATH, SYSLOG_POLL_S, KmsgReader, KmsgSyscalls
 from .metrics import FAMILIES, render
 from .nvml_events import Inventory, NvmlEventThread
-from .parser import (
-    normalize_bus_id,
-)
+from .parser import normalize_bus_id
 from .statedir import Write
 from .syslog import Klogctl, ReadAll
 
@@ -52,7 +47,7 @@ class XidSettings:
     ``kmsg_path`` None: no kernel-log source. ``/dev/kmsg`` falls back to ``syslog(2)`` when
     the device cannot be opened; ``syslog:`` reads through ``syslog(2)`` only. ``state_dir``
     None: no journal. ``boot_id`` None: read from ``proc_path``. ``pod_series_retention`` None:
-    pod series stay until the pod's next Xid or a restart."""
+    pod series are never withdrawn."""
 
     kmsg_path: Path | None = DEVICE_PATH
     state_dir: Path | None = None
