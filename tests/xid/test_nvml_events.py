@@ -156,6 +156,11 @@ async def test_against_the_simulator(tmp_path: Path) -> None:
         assert migs is not None
         mig_instance = migs[1].gpu_instance_id
         assert value(xid, "gpu_xid_errors_total", uuid=by_gi[mig_instance], xid="31") == 1
+        # The instance's Xid counts on its GPU's class counter, the one increase() watches.
+        parent = gpus[2].device.uuid
+        application = {"class": "application"}
+        assert value(xid, "gpu_xid_class_errors_total", uuid=parent, **application) == 1
+        assert value(xid, "gpu_xid_class_errors_total", uuid=by_gi[mig_instance]) is None
     finally:
         if xid is not None:
             await xid.stop()
