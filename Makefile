@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: run test lint system-deps bench soak demo lock sync-monitoring proto fuzz screenshot clean
+.PHONY: run test lint system-deps bench soak demo fleet lock sync-monitoring proto fuzz screenshot clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +52,12 @@ lint: $(STAMP)
 ## demo: simulated GPU nodes, Prometheus and Alertmanager with the kit's rules and routing; Ctrl-C stops
 demo: $(STAMP) system-deps
 	$(BIN)/python -m demo $(ARGS)
+
+## fleet: N nodes (default 50) replayed from real simulated exporters on one loopback port, and a
+## Prometheus file_sd file of their targets, to size a store (docs/operations.md "Sizing your store")
+N ?= 50
+fleet: $(STAMP)
+	$(BIN)/python -m demo.fleet --nodes $(N) $(ARGS)
 
 ## golden: rewrite tests/golden/exposition.txt, the whole exposition of tests/golden/scenario.yaml at
 ## a fixed simulated time; review its diff (every changed series is in it) and commit it
