@@ -24,19 +24,24 @@ run: $(STAMP)
 	fi
 
 ## system-deps: Prometheus and Alertmanager binaries for the rule and end-to-end tests,
-## Chromium for the status page's browser test, Slurm and munge for the one-node Slurm cluster,
-## and Go with grpc-go's sources for the grpc-go kubelet of tests/allocation/test_grpc_go.py
-## (built offline in GOPATH mode)
+## Chromium for the status page's browser test, VictoriaMetrics, vmagent and vmalert for the
+## kit's test on VictoriaMetrics, Slurm and munge for the one-node Slurm cluster, and Go with
+## grpc-go's sources for the grpc-go kubelet of tests/allocation/test_grpc_go.py (built offline
+## in GOPATH mode)
 system-deps:
 	@if command -v promtool >/dev/null && command -v amtool >/dev/null && command -v chromium >/dev/null \
+		&& command -v victoria-metrics >/dev/null && command -v vmagent >/dev/null \
+		&& command -v vmalert >/dev/null \
 		&& command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v munged >/dev/null \
 		&& command -v go >/dev/null && [ -d /usr/share/gocode/src/google.golang.org/grpc ]; then exit 0; fi; \
 	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-			prometheus prometheus-alertmanager chromium slurm-wlm munge golang-go golang-google-grpc-dev >/dev/null; \
+			prometheus prometheus-alertmanager victoria-metrics chromium slurm-wlm munge golang-go \
+			golang-google-grpc-dev >/dev/null; \
 	else \
-		echo "warning: promtool/amtool/chromium/slurmctld/munged/go or grpc-go's sources missing (apt-get install" \
-		     "prometheus prometheus-alertmanager chromium slurm-wlm munge golang-go golang-google-grpc-dev);" \
+		echo "warning: promtool/amtool/victoria-metrics/vmagent/vmalert/chromium/slurmctld/munged/go or" \
+		     "grpc-go's sources missing (apt-get install prometheus prometheus-alertmanager" \
+		     "victoria-metrics chromium slurm-wlm munge golang-go golang-google-grpc-dev);" \
 		     "tests that need them are skipped (they fail under CI=true)"; \
 	fi
 

@@ -373,6 +373,130 @@ class AlertmanagerProcess(ChildProcess):
         return f"http://127.0.0.1:{self.port}"
 
 
+class VictoriaMetricsProcess(ChildProcess):
+    """VictoriaMetrics single-node: remote-write receiver and query API on one port.
+
+    ``latency_offset`` is how long the newest samples stay hidden from queries (VictoriaMetrics'
+    default is 30 s, for samples that arrive late; a test on a time scale of seconds lowers it).
+    """
+
+    name = "victoria-metrics"
+
+    def __init__(
+        self,
+        binary: str,
+        workdir: Path,
+        *,
+        port: int | None = None,
+        latency_offset: str = "30s",
+        extra_args: Sequence[str] = (),
+    ) -> None:
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.port = port or free_port()
+        super().__init__(
+            [
+                binary,
+                f"-storageDataPath={workdir / 'data'}",
+                f"-httpListenAddr=127.0.0.1:{self.port}",
+                f"-search.latencyOffset={latency_offset}",
+                "-retentionPeriod=1d",
+                "-loggerLevel=WARN",
+                *extra_args,
+            ],
+            workdir / "victoria-metrics.log",
+        )
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+class VmagentProcess(ChildProcess):
+    """vmagent scraping a Prometheus-style scrape config and remote-writing to ``write_url``."""
+
+    name = "vmagent"
+
+    def __init__(
+        self,
+        binary: str,
+        config: Mapping[str, Any],
+        write_url: str,
+        workdir: Path,
+        *,
+        port: int | None = None,
+    ) -> None:
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.port = port or free_port()
+        config_path = workdir / "scrape.yml"
+        config_path.write_text(yaml.safe_dump(dict(config), sort_keys=False))
+        super().__init__(
+            [
+                binary,
+                f"-promscrape.config={config_path}",
+                f"-remoteWrite.url={write_url}",
+                f"-remoteWrite.tmpDataPath={workdir / 'queue'}",
+                "-remoteWrite.flushInterval=1s",
+                f"-httpListenAddr=127.0.0.1:{self.port}",
+                "-loggerLevel=WARN",
+            ],
+            workdir / "vmagent.log",
+        )
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+class VmalertProcess(ChildProcess):
+    """vmalert evaluating ``rule_files`` against VictoriaMetrics at ``store_url``, writing recorded
+    series and alert state back to it and sending alerts to ``notifier_url``."""
+
+    name = "vmalert"
+
+    def __init__(
+        self,
+        binary: str,
+        rule_files: Sequence[Path],
+        store_url: str,
+        notifier_url: str,
+        workdir: Path,
+        *,
+        evaluation_interval: str = "1s",
+        port: int | None = None,
+    ) -> None:
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.port = port or free_port()
+        super().__init__(
+            [
+                binary,
+                *(f"-rule={path}" for path in rule_files),
+                f"-datasource.url={store_url}",
+                f"-remoteWrite.url={store_url}",
+                f"-remoteRead.url={store_url}",
+                "-remoteWrite.flushInterval=1s",
+                f"-notifier.url={notifier_url}",
+                f"-evaluationInterval={evaluation_interval}",
+                f"-httpListenAddr=127.0.0.1:{self.port}",
+                "-loggerLevel=WARN",
+            ],
+            workdir / "vmalert.log",
+        )
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+def without_keep_firing_for(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of a rule file without ``keep_firing_for``, which vmalert before 1.92 (Debian ships
+    1.79) rejects as an unknown field."""
+    out = copy.deepcopy(dict(doc))
+    for group in out["groups"]:
+        for rule in group["rules"]:
+            rule.pop("keep_firing_for", None)
+    return out
+
+
 def wait_ready(url: str, process: ChildProcess, timeout: float = STARTUP_LIMIT) -> None:
     """Poll ``url`` (a readiness endpoint) until 200, failing early if ``process`` exits."""
     deadline = time.monotonic() + timeout

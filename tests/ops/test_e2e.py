@@ -24,7 +24,6 @@ import pytest_asyncio
 import yaml
 from aiohttp import web
 from demo.stack import (
-    DEMO,
     RULE_FILES,
     AlertmanagerProcess,
     ExporterProcess,
@@ -50,6 +49,14 @@ from .helpers import (
     panels,
     substitute,
 )
+from .incidents import (
+    FATAL_SXID,
+    KSM_PATH,
+    SCENARIOS,
+    inject_incidents,
+    ksm_scrape_config,
+    kube_state_metrics,
+)
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -57,8 +64,7 @@ WINDOW = "15s"  # every [5m]/[1h]/offset in the rules becomes this
 DEADLINE = 45.0  # seconds any one condition may take to come true
 TOLERANCE = 0.02  # relative, for the ground-truth comparisons
 
-# ---- the simulated fleet (demo/scenarios/node-*.yaml) and its ground truth ----------------------
-SCENARIOS = {name: DEMO / "scenarios" / f"{name}.yaml" for name in ("node-a", "node-b", "node-c")}
+# ---- ground truth of the simulated fleet (incidents.SCENARIOS) ---------------------------------
 # Capacity in whole GPUs: A 4, B 1 + (3+2+1+1)/7, C 2 = 8; allocated: A 4, B 1 + 5/7, C 2.
 TRUE_ALLOCATED = (4 + 1 + 5 / 7 + 2) / 8
 # SM activity over the capacity that reports it (A 4, B 2; C has no GPM):
@@ -67,13 +73,8 @@ TRUE_SM_ACTIVE = (0.8 + 0.8 + 0.0 + 0.1 + 0.5 + 0.6 * 3 / 7 + 0.3 * 2 / 7) / 6
 # The kit's rules and the optional dcgm-exporter compatibility rules (docs/migration.md).
 E2E_RULE_FILES = (*RULE_FILES, COMPAT_RULES)
 DCGM_DASHBOARD = Path(__file__).parent / "data" / "dcgm_exporter_dashboard.yml"
-KSM_PATH = "/kube-state-metrics/metrics"
 
 XID_METRICS = ("gpu_xid", "gpu_drain_recommended", "class:gpu_xid")
-# NVSwitch 3 sits on PCI bus 0000:08:00.0 in the simulator.
-FATAL_SXID = {"type": "sxid", "switch": 3, "code": 20034, "severity": "fatal", "link": 32}
-NVLINK_DOWN = {"type": "nvlink_down", "gpu": 3, "link": 5}
-PCIE_DOWNTRAIN = {"type": "pcie_downtrain", "gpu": 1, "width": 8}
 ALLOCATION_METRICS = (
     "gpu_alloc",
     "gpu_container_",
@@ -172,36 +173,6 @@ class Stack:
         return "\n".join(parts)
 
 
-def pod_labels_exposition() -> str:
-    """kube-state-metrics' ``kube_pod_labels`` for every pod the scenarios allocate, each in the
-    Kueue LocalQueue ``<namespace>-queue`` (as with --metric-labels-allowlist)."""
-    pods = {
-        (item["namespace"], item["pod"])
-        for path in SCENARIOS.values()
-        for item in load_yaml(path).get("allocations", [])
-    }
-    lines = [
-        f'kube_pod_labels{{namespace="{ns}",pod="{pod}",uid="{ns}-{pod}",'
-        f'label_kueue_x_k8s_io_queue_name="{ns}-queue"}} 1'
-        for ns, pod in sorted(pods)
-    ]
-    return "# TYPE kube_pod_labels gauge\n" + "\n".join(lines) + "\n"
-
-
-async def kube_state_metrics(request: web.Request) -> web.Response:
-    """A stand-in kube-state-metrics target: the queue rules join its pod labels."""
-    return web.Response(text=pod_labels_exposition(), content_type="text/plain")
-
-
-def ksm_scrape_config(port: int) -> dict[str, Any]:
-    return {
-        "job_name": "kube-state-metrics",
-        "metrics_path": KSM_PATH,
-        "honor_labels": True,  # the pods' namespace/pod labels, as a real KSM job keeps them
-        "static_configs": [{"targets": [f"127.0.0.1:{port}"]}],
-    }
-
-
 def _xid_in_parser() -> bool:
     return any("--xid-classes" in a.option_strings for a in build_parser()._actions)
 
@@ -279,25 +250,7 @@ async def stack() -> AsyncIterator[Stack]:
             lambda r: bool(r) and float(r[0]["value"][1]) == len(exporters),
             "all exporters scraped",
         )
-        # The incidents: a hardware Xid on a training GPU and a fatal NVSwitch SXid on node A, an
-        # application Xid in the inference server, thermal throttling and an uncorrectable ECC
-        # error on node C.
-        await asyncio.to_thread(
-            exporters["node-a"].inject, {"type": "xid", "gpu": 1, "code": 48}, FATAL_SXID
-        )
-        await asyncio.to_thread(
-            exporters["node-b"].inject,
-            {"type": "xid", "gpu": 0, "code": 13, "pid": 52001, "process_name": "tritonserver"},
-        )
-        await asyncio.to_thread(
-            exporters["node-c"].inject,
-            {"type": "throttle", "gpu": 1, "reason": "hw_thermal_slowdown"},
-            {"type": "ecc", "gpu": 0, "uncorrected": 1},
-        )
-        # Interconnect faults: an NVLink link down on node A, node C's L40S trained to x8 (node
-        # C also has a GPU missing since boot, in its scenario).
-        await asyncio.to_thread(exporters["node-a"].inject, NVLINK_DOWN)
-        await asyncio.to_thread(exporters["node-c"].inject, PCIE_DOWNTRAIN)
+        await inject_incidents(exporters)
         yield built
     finally:
         await session.close()
