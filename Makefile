@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: run test lint system-deps bench soak demo fleet lock sync-monitoring proto fuzz screenshot clean
+.PHONY: run test lint system-deps bench soak demo fleet fleet-sizing lock sync-monitoring proto fuzz screenshot clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -63,6 +63,11 @@ demo: $(STAMP) system-deps
 N ?= 50
 fleet: $(STAMP)
 	$(BIN)/python -m demo.fleet --nodes $(N) $(ARGS)
+
+## fleet-sizing: the store's cost at 50, 150 and 300 replayed nodes, at defaults and with the detail
+## flags (VictoriaMetrics, vmagent, vmalert; about 35 min; ARGS='--sizes 600 --variants defaults')
+fleet-sizing: $(STAMP) system-deps
+	$(BIN)/python bench/fleet_sizing.py $(ARGS)
 
 ## golden: rewrite tests/golden/exposition.txt, the whole exposition of tests/golden/scenario.yaml at
 ## a fixed simulated time; review its diff (every changed series is in it) and commit it
