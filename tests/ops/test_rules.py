@@ -84,6 +84,7 @@ LEVEL_LABELS = {
     "domain": {"domain"},
     "instance": TARGET,
     "instance_reason": TARGET | {"reason"},
+    "instance_domain": TARGET | {"domain"},
 }
 IDENTITY_LABELS = {"model", "pci_bus_id", "driver_version", "mig_mode", "activity_source"}
 IDENTITY_LABELS |= {"idle_source", "persistence_mode", "compute_mode", "serial", "vbios_version"}
