@@ -299,10 +299,9 @@ def fleet() -> dict[str, Any]:
             "Idle-allocated GPU-hours by namespace (time range)",
             [
                 Query(
-                    "sort_desc(sum by (namespace) (increase(gpu_allocated_idle_seconds_total{"
-                    + NS
-                    + "}[$__range]) * on (instance, job, uuid) group_left () "
-                    "device:gpu_capacity:ratio) / 3600)",
+                    "sort_desc(sum by (namespace) (avg_over_time("
+                    "namespace:gpu_allocated_idle_seconds:rate5m{" + NS + "}[$__range]))"
+                    " * $__range_s / 3600)",
                     "{{namespace}}",
                     instant=True,
                 )
@@ -310,7 +309,8 @@ def fleet() -> dict[str, Any]:
             GPU_HOURS,
             height=9,
             description="GPU-hours held while idle over the dashboard's range (MIG instances "
-            "weighted by slices).",
+            "weighted by slices, a time-sliced GPU divided between its holders), from the "
+            "recorded namespace series.",
         ),
         Panel(
             "timeseries",
@@ -744,9 +744,10 @@ def health() -> dict[str, Any]:
         Panel(
             "table",
             "Latest Xid per GPU and code",
-            [Query("sort_desc(gpu_xid_last_timestamp_seconds{" + INSTANCE + "} * 1000)")],
+            [Query("topk(50, gpu_xid_last_timestamp_seconds{" + INSTANCE + "}) * 1000")],
             "dateTimeAsIso",
             width=12,
+            description="The 50 latest.",
         ),
         Panel(
             "table",
@@ -787,24 +788,27 @@ def health() -> dict[str, Any]:
             "ECC errors (since driver load)",
             [
                 Query(
-                    'gpu_ecc_errors_total{counter="volatile", ' + INSTANCE + "}",
+                    'topk(20, gpu_ecc_errors_total{counter="volatile", ' + INSTANCE + "} > 0)",
                     "{{instance}} gpu {{gpu}} {{type}}",
                 )
             ],
             "short",
             width=8,
+            description="The 20 GPUs with the most, of those with any: one line per GPU and "
+            "type would be thousands across a fleet.",
         ),
         Panel(
             "timeseries",
             "Remapped rows",
             [
                 Query(
-                    "gpu_remapped_rows_total{" + INSTANCE + "}",
+                    "topk(20, gpu_remapped_rows_total{" + INSTANCE + "})",
                     "{{instance}} gpu {{gpu}} {{cause}}",
                 )
             ],
             "short",
             width=8,
+            description="The 20 GPUs with the most.",
         ),
         Panel(
             "timeseries",
@@ -831,13 +835,18 @@ def health() -> dict[str, Any]:
             "Thermal and power-brake throttling per GPU",
             [
                 Query(
-                    'rate(gpu_clocks_event_seconds_total{reason=~"hw_thermal_slowdown|'
-                    'sw_thermal_slowdown|hw_power_brake_slowdown", ' + INSTANCE + "}" + rate + ")",
+                    'topk(20, rate(gpu_clocks_event_seconds_total{reason=~"hw_thermal_slowdown|'
+                    'sw_thermal_slowdown|hw_power_brake_slowdown", '
+                    + INSTANCE
+                    + "}"
+                    + rate
+                    + ") > 0)",
                     "{{instance}} gpu {{gpu}} {{reason}}",
                 )
             ],
             "percentunit",
             max=1,
+            description="The 20 most throttled GPUs and reasons, of those throttled at all.",
         ),
         Panel(
             "timeseries",
