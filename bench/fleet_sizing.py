@@ -12,7 +12,7 @@ refuses it). After a warm-up it measures, over the measurement window:
 - every rule group's evaluation time on vmalert (mean and max over the window), against a fifth
   of its interval;
 - every dashboard query (Grafana variables as for a 1 h range, every selector variable "All") as
-  a range query over the window, three times each: p50, p99 and the slowest, against 500 ms.
+  a range query over the window, twice each: p50, p99 and the slowest, against 500 ms.
 
 It prints a table with linear fits to 1,000 and 5,000 nodes and writes JSON (default
 ``bench/results/fleet-sizing.json``). docs/operations.md "Sizing table" has the last run. A
@@ -124,10 +124,32 @@ def total(metrics: dict[str, float], prefix: str) -> float:
     return sum(v for k, v in metrics.items() if k == prefix or k.startswith(prefix + "{"))
 
 
-def dashboard_queries() -> list[tuple[str, str, str]]:
+def single_values(store: str, dashboard: dict[str, Any]) -> dict[str, str]:
+    """A value for each variable without "All" (the node of the node dashboard): the first of
+    its label_values(metric, label) in the store, as Grafana would preselect."""
+    values = {}
+    for variable in dashboard["templating"]["list"]:
+        if variable.get("type") != "query" or variable.get("includeAll", True):
+            continue
+        query = variable["query"]
+        query = query["query"] if isinstance(query, dict) else query
+        match = re.fullmatch(r"label_values\((\w+),\s*(\w+)\)", query)
+        if match is None:
+            continue
+        params = urllib.parse.urlencode({"match[]": match.group(1)})
+        found = http_json(f"{store}/api/v1/label/{match.group(2)}/values?{params}")["data"]
+        if found:
+            values[variable["name"]] = sorted(found)[0]
+    return values
+
+
+def dashboard_queries(store: str) -> list[tuple[str, str, str]]:
+    """(dashboard, panel, query) of every panel: Grafana's variables for a 1 h range, a node
+    chosen where the dashboard has no "All", every other selector "All"."""
     found = []
     for path in sorted(DASHBOARDS.glob("*.json")):
         dashboard = json.loads(path.read_text())
+        chosen = single_values(store, dashboard)
         panels = []
         for panel in dashboard["panels"]:
             panels += [panel, *panel.get("panels", [])]
@@ -136,6 +158,8 @@ def dashboard_queries() -> list[tuple[str, str, str]]:
                 expr = target["expr"]
                 for variable, value in DASHBOARD_VARIABLES.items():
                     expr = expr.replace(variable, value)
+                for name, value in chosen.items():
+                    expr = expr.replace(f"${{{name}}}", value).replace(f"${name}", value)
                 expr = re.sub(r"\$\{?[A-Za-z_][A-Za-z0-9_]*\}?", ".*", expr)
                 found.append((path.stem, panel["title"], expr))
     return found
@@ -146,7 +170,7 @@ def time_queries(store: str, window_s: float, repeats: int = 3) -> list[tuple[fl
     end = time.time()
     timings = []
     for _ in range(repeats):
-        for dashboard, title, expr in dashboard_queries():
+        for dashboard, title, expr in dashboard_queries(store):
             params = {"query": expr, "start": end - window_s, "end": end, "step": 15}
             url = f"{store}/api/v1/query_range?" + urllib.parse.urlencode(params)
             started = time.perf_counter()
@@ -252,7 +276,7 @@ async def measure(
         cell.vmagent_rss_mib = proc_status_kib(vmagent.process.pid, "VmRSS") / 1024
         cell.groups = await asyncio.to_thread(group_durations, vmalert.url)
         cell.slowest_rules = await asyncio.to_thread(slowest_rules, vmalert.url)
-        timings = await asyncio.to_thread(time_queries, store.url, args.window)
+        timings = await asyncio.to_thread(time_queries, store.url, args.window, args.query_repeats)
         durations = sorted(t for t, _, _ in timings)
         cell.query_p50_s = statistics.median(durations)
         cell.query_p99_s = durations[min(len(durations) - 1, int(0.99 * len(durations)))]
@@ -377,6 +401,7 @@ def main() -> int:
     parser.add_argument("--variants", nargs="+", default=["defaults", "detail"])
     parser.add_argument("--warmup", type=float, default=150.0, help="seconds before measuring")
     parser.add_argument("--window", type=float, default=180.0, help="seconds measured")
+    parser.add_argument("--query-repeats", type=int, default=2, help="runs of each query")
     parser.add_argument("--extrapolate", type=int, nargs="*", default=[1000, 5000])
     parser.add_argument("--output", type=Path, default=ROOT / "bench/results/fleet-sizing.json")
     args = parser.parse_args()
