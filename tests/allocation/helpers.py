@@ -59,9 +59,13 @@ class FakeKubelet:
     # How GetAllocatableResources is refused while ``allocatable`` is None.
     refusal: tuple[Status, str] = UNIMPLEMENTED
     server: PodResourcesServer | None = None
+    # Containers of running pods listed without devices (namespace, pod, container).
+    running: list[tuple[str, str, str]] = field(default_factory=list)
 
     def state(self) -> KubeletState:
-        return KubeletState(list(self.containers), self.allocatable, self.claims, self.refusal)
+        return KubeletState(
+            list(self.containers), self.allocatable, self.claims, self.refusal, self.running
+        )
 
     def hold(self, namespace: str, pod: str, container: str, resource: str, *ids: str) -> None:
         self.containers.append(ContainerDevices(namespace, pod, container, resource, ids))

@@ -13,15 +13,17 @@ from gpu_exporter.nvml import WorkerPool
 from gpu_exporter.sampler import Sampler
 from gpu_exporter.simulator import SimulatedNode, install, load_scenario, uninstall
 from gpu_exporter.simulator.kubelet import SimulatedKubelet
+from gpu_exporter.simulator.scenario import Scenario
 from tests.helpers import SharedState
 
 
 @asynccontextmanager
 async def live_builtin_node(
-    fast: float, pool_name: str
+    fast: float, pool_name: str, scenario: Scenario | None = None
 ) -> AsyncIterator[tuple[Sampler, AllocationSubsystem]]:
-    """Started sampler and subsystem polling every ``fast`` seconds; everything stopped after."""
-    node = SimulatedNode(load_scenario(None))
+    """Started sampler and subsystem polling every ``fast`` seconds (on ``scenario``, else the
+    built-in node); everything stopped after."""
+    node = SimulatedNode(scenario or load_scenario(None))
     install(node)
     pool = WorkerPool(size=4, name=pool_name)
     config = Config(fast_interval=fast, slow_interval=30.0, collectors=frozenset(collector_names()))

@@ -84,9 +84,9 @@ async def test_claimed_gpus_are_allocated_held_and_accounted(
     assert values[SOURCE_UP] == 1
     assert named(values, "gpu_allocation_info") == {
         f'gpu_allocation_info{{{A_LABELS},namespace="ml",pod="train",container="trainer",'
-        'resource="dra:ml/train-gpu"}': 1,
+        'resource="dra:ml/train-gpu",source="dra"}': 1,
         f'gpu_allocation_info{{{MIG2_LABELS},namespace="batch",pod="small",container="main",'
-        'resource="dra:batch/mig"}': 1,
+        'resource="dra:batch/mig",source="dra"}': 1,
     }
     allocated = named(values, "gpu_allocated")
     assert allocated[f"gpu_allocated{{{A_LABELS}}}"] == 1
@@ -111,7 +111,7 @@ async def test_two_pods_on_one_claim_share_the_gpu(kubelet: FakeKubelet, pool: W
     info = named(values, "gpu_allocation_info")
     assert set(info) == {
         f'gpu_allocation_info{{{C_LABELS},namespace="research",pod="{p}",container="notebook",'
-        'resource="dra:research/shared"}'
+        'resource="dra:research/shared",source="dra"}'
         for p in ("nb-a", "nb-b")
     }
     for p in ("nb-a", "nb-b"):  # each holder accrues its own allocated time
@@ -139,7 +139,7 @@ async def test_the_exporters_own_pod_is_not_a_holder(
     values = await step(sub, clock)
     assert {k for k in named(values, "gpu_allocation_info")} == {
         f'gpu_allocation_info{{{A_LABELS},namespace="ml",pod="train",container="trainer",'
-        'resource="dra:ml/train-gpu"}'
+        'resource="dra:ml/train-gpu",source="dra"}'
     }
     assert values[f"gpu_allocated{{{C_LABELS}}}"] == 0
     await sub.stop()

@@ -88,17 +88,17 @@ async def test_every_id_form(kubelet: FakeKubelet, pool: WorkerPool) -> None:
     assert values[SOURCE_UP] == 1
     assert named(values, "gpu_allocation_info") == {
         f'gpu_allocation_info{{gpu="0",uuid="{UUID_A}",namespace="ml",pod="train",'
-        'container="trainer",resource="nvidia.com/gpu"}': 1,
+        'container="trainer",resource="nvidia.com/gpu",source="pod-resources"}': 1,
         f'gpu_allocation_info{{{MIG1_LABELS},namespace="batch",pod="single",'
-        'container="main",resource="nvidia.com/gpu"}': 1,
+        'container="main",resource="nvidia.com/gpu",source="pod-resources"}': 1,
         f'gpu_allocation_info{{{MIG2_LABELS},namespace="batch",pod="mixed",'
-        'container="main",resource="nvidia.com/mig-1g.10gb"}': 1,
+        'container="main",resource="nvidia.com/mig-1g.10gb",source="pod-resources"}': 1,
         f'gpu_allocation_info{{gpu="2",uuid="{UUID_C}",namespace="web",pod="share-a",'
-        'container="srv",resource="nvidia.com/gpu"}': 1,
+        'container="srv",resource="nvidia.com/gpu",source="pod-resources"}': 1,
         f'gpu_allocation_info{{gpu="2",uuid="{UUID_C}",namespace="web",pod="share-b",'
-        'container="srv",resource="nvidia.com/gpu.shared"}': 1,
+        'container="srv",resource="nvidia.com/gpu.shared",source="pod-resources"}': 1,
         f'gpu_allocation_info{{gpu="2",uuid="{UUID_C}",namespace="web",pod="share-b",'
-        'container="side",resource="nvidia.com/gpu.shared"}': 1,
+        'container="side",resource="nvidia.com/gpu.shared",source="pod-resources"}': 1,
     }
     assert named(values, "gpu_allocated") == {
         f'gpu_allocated{{gpu="0",uuid="{UUID_A}"}}': 1,

@@ -226,6 +226,32 @@ def test_a_complete_scenario(tmp_path: pathlib.Path) -> None:
             "gpus: [H100-SXM-80GB]\ntimeline: [{at: 1m, type: sxid, switch: 0, code: 1, gpu: 0}]",
             "bad.yaml: timeline[0].gpu: unknown key (allowed: ",
         ),
+        (
+            "gpus: [H100-SXM-80GB]\nworkloads: [{gpu: 0, pod: p, unrequested: true}]\n"
+            "allocations: [{gpu: 0, pod: p}]",
+            "bad.yaml: workloads[0].unrequested: pod default/p holds this device",
+        ),
+        (
+            "gpus: [H100-SXM-80GB]\nworkloads: [{gpu: 0, pod: p, reservation: kai/r}]",
+            "bad.yaml: workloads[0].reservation: no allocation of this device to kai/r",
+        ),
+        (
+            "gpus: [H100-SXM-80GB]\nworkloads: [{gpu: 0, pod: p, reservation: r}]",
+            "bad.yaml: workloads[0].reservation: expected namespace/pod, got 'r'",
+        ),
+        (
+            "gpus: [H100-SXM-80GB]\nworkloads: [{gpu: 0, pod: p, deleted: true}]\n"
+            "allocations: [{gpu: 0, pod: p}]",
+            "bad.yaml: workloads[0].deleted: pod default/p holds a device",
+        ),
+        (
+            "gpus: [H100-SXM-80GB]\nworkloads: [{gpu: 0, pod: p, host: true}]",
+            "bad.yaml: workloads[0].pod: a host process (host: true) has no pod",
+        ),
+        (
+            "gpus: [H100-SXM-80GB]\nworkloads: [{gpu: 0, deleted: true}]",
+            "bad.yaml: workloads[0].deleted: needs a pod",
+        ),
         ("gpus: [H100-SXM-80GB]\nnode: {driver_version: latest}", "bad.yaml: node.driver_version:"),
         ("gpus: [H100-SXM-80GB", "bad.yaml: (yaml): expected ',' or ']'"),
         ("- just a list", "bad.yaml: (root): expected a mapping, got list"),

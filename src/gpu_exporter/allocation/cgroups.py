@@ -82,6 +82,15 @@ def read_process_owner(proc_path: Path, pid: int) -> CgroupOwner | None:
     return parse_cgroup(text)
 
 
+def read_command(proc_path: Path, pid: int) -> str:
+    """``<proc>/<pid>/comm`` (the kernel's 15-byte command name); "" when it cannot be read."""
+    try:
+        raw = (proc_path / str(pid) / "comm").read_bytes()[:64]
+    except OSError:
+        return ""
+    return raw.decode("utf-8", errors="replace").strip()
+
+
 def parse_pod_log_dir(name: str) -> tuple[str, str, str] | None:
     """``<namespace>_<pod>_<uid>`` -> (namespace, pod, uid). Names cannot hold underscores."""
     parts = name.split("_")

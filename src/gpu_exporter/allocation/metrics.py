@@ -8,7 +8,8 @@ from ..exposition import counter, gauge, join_labels, label_string
 
 ALLOCATION_INFO = gauge(
     "gpu_allocation_info",
-    "A container holds the device through the named resource (kubelet pod-resources); always 1.",
+    "A container holds the device (source: pod-resources or dra, through the named resource; "
+    'process: its processes run on a device it holds no allocation of, resource=""); always 1.',
 )
 ALLOCATED = gauge(
     "gpu_allocated", "1 when a pod holds the schedulable device (a GPU or MIG instance), else 0."
@@ -49,6 +50,17 @@ SHARING_INFO = gauge(
     "How the GPU is shared (mode: exclusive, time_slicing, mps, mig, unallocated); always 1.",
 )
 
+UNATTRIBUTED_MEMORY = gauge(
+    "gpu_unattributed_memory_used_bytes",
+    "Device memory used by processes of no pod (class=no_pod: host or system processes) or of a "
+    "pod the kubelet no longer lists (class=gone: zombies), in bytes; present while non-zero.",
+)
+UNATTRIBUTED_SM_ACTIVE_SECONDS = counter(
+    "gpu_unattributed_sm_active_seconds_total",
+    "Time processes of no pod (class=no_pod) or of a gone pod (class=gone) had a kernel resident "
+    "on the device (NVML per-process utilisation), in seconds.",
+)
+
 UNRESOLVED = counter(
     "gpu_exporter_allocation_unresolved_total",
     "Device-plugin ids and DRA devices that resolved to no GPU, by reason; each counts once "
@@ -67,6 +79,8 @@ FAMILIES = (
     CONTAINER_SM_ACTIVE_SECONDS,
     CONTAINER_MEMORY_BANDWIDTH,
     SHARING_INFO,
+    UNATTRIBUTED_MEMORY,
+    UNATTRIBUTED_SM_ACTIVE_SECONDS,
 )
 
 
@@ -84,10 +98,23 @@ def holder_labels(
 
 
 @lru_cache(maxsize=8192)
-def info_labels(device_labels: str, namespace: str, pod: str, container: str, resource: str) -> str:
+def info_labels(
+    device_labels: str, namespace: str, pod: str, container: str, resource: str, source: str
+) -> str:
     """gpu_allocation_info's labels, escaped once per holding (see :func:`holder_labels`)."""
-    extra = {"namespace": namespace, "pod": pod, "container": container, "resource": resource}
+    extra = {
+        "namespace": namespace,
+        "pod": pod,
+        "container": container,
+        "resource": resource,
+        "source": source,
+    }
     return join_labels(device_labels, label_string(extra))
+
+
+@lru_cache(maxsize=1024)
+def class_labels(device_labels: str, process_class: str) -> str:
+    return join_labels(device_labels, label_string({"class": process_class}))
 
 
 @lru_cache(maxsize=1024)

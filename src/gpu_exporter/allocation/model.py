@@ -32,10 +32,20 @@ class Holding:
     container: str
     resource: str
     claim: tuple[str, str] | None = None  # DRA: (claim namespace, claim name)
+    # Seen only through the pod's processes on the device: it holds no allocation of it
+    # (allocation/unseen.py); never part of a resolved snapshot.
+    observed: bool = False
 
     @property
     def pod_key(self) -> PodKey:
         return (self.namespace, self.pod)
+
+    @property
+    def source(self) -> str:
+        """gpu_allocation_info's ``source``: how the holding is known (docs/allocation.md)."""
+        if self.observed:
+            return "process"
+        return "pod-resources" if self.claim is None else "dra"
 
 
 def dra_resource(claim_namespace: str, claim_name: str) -> str:

@@ -80,6 +80,9 @@ class PodResourcesSnapshot:
     containers: tuple[ContainerDevices, ...]
     allocatable: tuple[tuple[str, str], ...] | None  # (resource, device id)
     claims: tuple[ClaimDevice, ...] = ()
+    # Every pod the kubelet lists, devices or none: (namespace, name). What tells a GPU process
+    # of a running pod that holds nothing from a zombie of a deleted one (docs/allocation.md).
+    pods: frozenset[tuple[str, str]] = frozenset()
 
 
 class PodResourcesError(RuntimeError):
@@ -175,15 +178,16 @@ class PodResourcesClient:
         last = self._last
         if last is not None and answer == self._last_list:
             containers, claims = last.containers, last.claims  # the same answer: not read again
+            pods = last.pods
         else:
-            listed, claimed = await _decoded(read_list, answer)
+            listed, claimed, pods = await _decoded(read_list_with_pods, answer)
             containers, claims = tuple(listed), tuple(claimed)
         if last is not None and not refresh and self._current(last, containers, claims):
             allocatable = last.allocatable
         else:
             allocatable = await self._allocatable()
             self._allocatable_at = self._clock()
-        return PodResourcesSnapshot(containers, allocatable, claims), answer
+        return PodResourcesSnapshot(containers, allocatable, claims, pods), answer
 
     def _current(
         self,
@@ -223,9 +227,19 @@ async def _decoded(read: Callable[[bytes], _T], answer: bytes) -> _T:
 def read_list(data: bytes) -> tuple[list[ContainerDevices], list[ClaimDevice]]:
     """A ListPodResourcesResponse: device-plugin devices and DRA claim devices, in order;
     DecodeError when it is not one (a string that is not UTF-8 included)."""
+    devices, claims, _ = read_list_with_pods(data)
+    return devices, claims
+
+
+def read_list_with_pods(
+    data: bytes,
+) -> tuple[list[ContainerDevices], list[ClaimDevice], frozenset[tuple[str, str]]]:
+    """:func:`read_list`, and every pod listed (namespace, name), with devices or without."""
     devices: list[ContainerDevices] = []
     claims: list[ClaimDevice] = []
+    pods: set[tuple[str, str]] = set()
     for pod in pb.ListPodResourcesResponse.FromString(data).pod_resources:
+        pods.add((pod.namespace, pod.name))
         for container in pod.containers:
             where = (pod.namespace, pod.name, container.name)
             devices.extend(
@@ -233,7 +247,7 @@ def read_list(data: bytes) -> tuple[list[ContainerDevices], list[ClaimDevice]]:
                 for d in container.devices
             )
             claims.extend(_claims(where, container.dynamic_resources))
-    return devices, claims
+    return devices, claims, frozenset(pods)
 
 
 def _claims(

@@ -18,7 +18,7 @@ device is a baseline: what the driver buffered before the exporter started is no
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -108,9 +108,12 @@ class _DeviceState:
 class ContainerActivity:
     """Integrates per-process samples into per-owner activity (on the event loop)."""
 
-    def __init__(self) -> None:
+    def __init__(self, kept: Collection[Owner] = ()) -> None:
+        """``kept``: owners never forgotten (their integrals are counters that must not
+        restart: the per-device unattributed classes, at most a few per device)."""
         self._devices: dict[str, _DeviceState] = {}
         self._owners: dict[tuple[str, Owner], OwnerActivity] = {}
+        self._kept = frozenset(kept)
 
     def add(
         self,
@@ -163,7 +166,11 @@ class ContainerActivity:
             if span > 0:
                 activity.sm_ratio, activity.memory_ratio = sm / span, memory / span
             activity.seen = now
-        self._owners = {k: a for k, a in self._owners.items() if now - a.seen < RETENTION_S}
+        self._owners = {
+            k: a
+            for k, a in self._owners.items()
+            if now - a.seen < RETENTION_S or a.owner in self._kept
+        }
 
     @staticmethod
     def _learn_period(state: _DeviceState, batch: list[ProcessSample]) -> None:

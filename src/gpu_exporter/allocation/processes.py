@@ -16,7 +16,7 @@ import pynvml
 
 from ..devices import Device, DeviceId
 from ..nvml import DeviceCalls, ErrorCounter, SupportRegistry
-from .cgroups import CgroupOwner, PodName, read_pod_names, read_process_owner
+from .cgroups import CgroupOwner, PodName, read_command, read_pod_names, read_process_owner
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,7 @@ class OwnedProcess:
     used_bytes: int | None
     owner: CgroupOwner | None
     mps: bool = False
+    command: str = ""  # /proc/<pid>/comm, read only for processes that hold nothing (status page)
 
 
 @dataclass
@@ -123,8 +124,11 @@ def scan(
     pod_logs_path: Path,
     known_pods: Iterable[str],
     compute_mode: Callable[[Device], int | None] | None = None,
+    held: frozenset[tuple[str, str]] = frozenset(),
 ) -> ScanResult:
-    """List processes per device, find their pods; reads pod names only for unknown UIDs."""
+    """List processes per device, find their pods; reads pod names only for unknown UIDs, and
+    the command name of each process but those of pods holding the device (``held``: device
+    uuid, pod UID)."""
     result = ScanResult()
     for device in devices:
         try:
@@ -137,8 +141,12 @@ def scan(
             continue
         for process in processes:
             owner = read_process_owner(proc_path, process.pid)
+            holds = owner is not None and (device.uuid, owner.pod_uid) in held
+            command = "" if holds else read_command(proc_path, process.pid)
             result.processes.append(
-                OwnedProcess(device.id, process.pid, process.used_bytes, owner, process.mps)
+                OwnedProcess(
+                    device.id, process.pid, process.used_bytes, owner, process.mps, command
+                )
             )
     uids = {p.owner.pod_uid for p in result.processes if p.owner is not None}
     if not uids <= set(known_pods):

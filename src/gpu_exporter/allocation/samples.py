@@ -19,15 +19,19 @@ from .metrics import (
     CONTAINER_SM_ACTIVE_SECONDS,
     IDLE_STREAK,
     SHARING_INFO,
+    UNATTRIBUTED_MEMORY,
+    UNATTRIBUTED_SM_ACTIVE_SECONDS,
     UNRESOLVED,
+    class_labels,
     holder_labels,
     info_labels,
     mode_labels,
 )
-from .model import Allocations
+from .model import Allocations, Holding
 from .process_activity import ContainerActivity
 from .rightsizing import RightSizer
 from .sharing import sharing_modes
+from .unseen import UNATTRIBUTED, UnattributedMemory, unattributed_owner
 
 # gpu_exporter_allocation_unresolved_total's reasons: a device-plugin id, or a DRA device.
 UNKNOWN_DEVICE_ID = "unknown_device_id"
@@ -52,12 +56,16 @@ class UnresolvedCounts:
 
 
 def allocation_samples(
-    allocations: Allocations, accountant: IdleAccountant, rightsizer: RightSizer
+    allocations: Allocations,
+    accountant: IdleAccountant,
+    rightsizer: RightSizer,
+    observed: Iterable[Holding] = (),
 ) -> Iterable[Sample]:
-    """Who holds what, the schedulable devices, the time counters and right-sizing."""
+    """Who holds what (``observed``: pods seen only through their processes), the schedulable
+    devices, the time counters and right-sizing."""
     held = allocations.pods_by_device()
-    for h in allocations.holdings:
-        labels = info_labels(h.device.labels, h.namespace, h.pod, h.container, h.resource)
+    for h in (*allocations.holdings, *observed):
+        labels = info_labels(h.device.labels, h.namespace, h.pod, h.container, h.resource, h.source)
         yield Sample(ALLOCATION_INFO, labels, 1)
     for device in allocations.schedulable:
         yield Sample(ALLOCATED, device.labels, 1.0 if held.get(device.uuid) else 0.0)
@@ -86,7 +94,10 @@ def sharing_samples(
 
 
 def activity_samples(activity: ContainerActivity) -> Iterable[Sample]:
+    unattributed = {unattributed_owner(c) for c in UNATTRIBUTED}
     for owner in activity.owners():
+        if owner.owner in unattributed:
+            continue  # published per class (unattributed_samples)
         labels = holder_labels(owner.device.labels, *owner.owner)
         yield Sample(CONTAINER_SM_ACTIVE, labels, owner.sm_ratio)
         yield Sample(CONTAINER_SM_ACTIVE_SECONDS, labels, owner.sm_seconds)
@@ -102,3 +113,21 @@ def memory_samples(
             continue  # the driver could not say: withhold rather than report 0
         labels = holder_labels(device.labels, namespace, pod, container)
         yield Sample(CONTAINER_MEMORY, labels, float(sum(known)))
+
+
+def unattributed_samples(
+    devices: Sequence[DeviceId], memory: UnattributedMemory, activity: ContainerActivity
+) -> Iterable[Sample]:
+    """Memory of processes of no pod or of a gone pod while non-zero; their SM-active seconds
+    for every device from the start (a counter must exist before it first rises, for
+    ``increase()``): two series per device."""
+    for (device, process_class), used in memory.used.items():
+        yield Sample(UNATTRIBUTED_MEMORY, class_labels(device.labels, process_class), float(used))
+    seconds = {(a.device.uuid, a.owner): a.sm_seconds for a in activity.owners()}
+    for device in devices:
+        if activity.until(device.uuid) is None:
+            continue  # no per-process utilisation read yet (or none at all): unknown, not zero
+        for process_class in UNATTRIBUTED:
+            total = seconds.get((device.uuid, unattributed_owner(process_class)), 0.0)
+            labels = class_labels(device.labels, process_class)
+            yield Sample(UNATTRIBUTED_SM_ACTIVE_SECONDS, labels, total)

@@ -52,7 +52,7 @@ from .cgroups import PodName
 from .dra import GPU_DRIVER
 from .history import HolderHistory, HolderSnapshot
 from .metrics import FAMILIES
-from .model import Allocations, PodKey, resolve_snapshot
+from .model import Allocations, Holding, PodKey, resolve_snapshot
 from .podresources import PodResourcesClient, PodResourcesError, PodResourcesSnapshot
 from .process_activity import ContainerActivity, Owner, ProcessSample, ProcessUtilizationReader
 from .processes import ComputeModeReader, NvmlProcessLister, ProcessLister, ScanResult, scan
@@ -65,6 +65,15 @@ from .samples import (
     allocation_samples,
     memory_samples,
     sharing_samples,
+    unattributed_samples,
+)
+from .unseen import (
+    UNATTRIBUTED,
+    ClassifiedProcess,
+    UnattributedMemory,
+    classify,
+    observed_holdings,
+    unattributed_owner,
 )
 
 T = TypeVar("T")
@@ -129,7 +138,7 @@ class AllocationSubsystem:
         self._lister = process_lister or NvmlProcessLister(errors)
         self._compute_mode = ComputeModeReader(errors)
         self._reader = utilization_reader or ProcessUtilizationReader(errors)
-        self._activity = ContainerActivity()
+        self._activity = ContainerActivity(kept=[unattributed_owner(c) for c in UNATTRIBUTED])
         self._mps: set[str] = set()  # uuids with MPS clients at the last scan
         self._compute_modes: dict[str, int] = {}
         self._clock = clock
@@ -149,6 +158,12 @@ class AllocationSubsystem:
         self._pod_names: dict[str, PodName] = {}
         self._pids: dict[int, _PidOwner] = {}
         self._holders = HolderSnapshot()
+        # Every GPU process of the last scan, classed (allocation/unseen.py); the pods seen only
+        # through their processes; the processes of no pod or a gone one, by PID, for activity.
+        self._classified: list[ClassifiedProcess] = []
+        self._observed: list[Holding] = []
+        self._unattributed_pids: dict[int, str] = {}
+        self._unattributed = UnattributedMemory()
         self._memory: list[Sample] = []
         self._samples: list[Sample] = []
         self._dirty = True  # the samples are rebuilt when next read
@@ -194,6 +209,11 @@ class AllocationSubsystem:
     def round_done(self) -> None:
         """A fast sampling round settled (the sampler calls this, RoundListener): account it."""
         self.update()
+
+    @property
+    def processes(self) -> Sequence[ClassifiedProcess]:
+        """Every GPU process of the last scan with its class (the status page lists them)."""
+        return self._classified
 
     @property
     def allocations(self) -> Allocations:
@@ -251,6 +271,10 @@ class AllocationSubsystem:
         allocations = self._resolve(self._snapshot)
         self._note_unresolved(allocations)
         held = _held(allocations)
+        for holding in self._observed:  # a pod's processes on a device it holds no allocation of
+            pods = held.setdefault(holding.device, set())
+            if holding.pod_key not in pods:
+                pods.add(holding.pod_key)
         self._accountant.update(self._clock(), held, allocations.replicated)
         self._rightsizer.update(self._clock(), held)
         if self._history.observe(self._wall_clock(), held):
@@ -282,6 +306,7 @@ class AllocationSubsystem:
             self._pod_logs_path,
             set(self._pod_names),
             self._compute_mode,
+            self._held_pod_uids(),
         )
         result = await self._run("scan", job)
         if result is not None:
@@ -302,7 +327,17 @@ class AllocationSubsystem:
 
     def _owner_of(self, pid: int) -> Owner | None:
         owner = self._pids.get(pid)
-        return None if owner is None else (*owner.pod, owner.container)
+        if owner is not None:
+            return (*owner.pod, owner.container)
+        process_class = self._unattributed_pids.get(pid)
+        return None if process_class is None else unattributed_owner(process_class)
+
+    def _held_pod_uids(self) -> frozenset[tuple[str, str]]:
+        """(device uuid, pod UID) of every holding whose pod UID is known: the scan reads the
+        command name of every other process (for the status page) and of none of these."""
+        uids = {(n.namespace, n.pod): uid for uid, n in self._pod_names.items()}
+        holdings = self._allocations.holdings
+        return frozenset((h.device.uuid, uids[h.pod_key]) for h in holdings if h.pod_key in uids)
 
     async def _run(self, name: str, job: Callable[[], T]) -> T | None:
         """``job`` on the worker pool, given up after the scan timeout (a hung NVML call)."""
@@ -353,20 +388,37 @@ class AllocationSubsystem:
         self._compute_modes = result.compute_modes
         memory: dict[tuple[DeviceId, str, str, str], list[int | None]] = {}
         holders = _ContainerIndex(self._allocations)
+        held = frozenset((h.device.uuid, h.pod_key) for h in self._allocations.holdings)
+        listed = self._listed_pods()
+        classified: list[ClassifiedProcess] = []
+        self._unattributed_pids = {}
         for process in result.processes:
+            process_class, pod = classify(process, self._pod_names, listed, held)
             names = self._pod_names.get(process.owner.pod_uid) if process.owner else None
-            if names is None:
-                continue  # not in a pod (a host process), or a pod not yet in the log directory
-            pod = (names.namespace, names.pod)
+            if pod is None or names is None or process_class in UNATTRIBUTED:
+                self._unattributed_pids[process.pid] = process_class
+                classified.append(ClassifiedProcess(process, process_class, pod))
+                continue
             container = holders.container(process.device, pod, names)
+            classified.append(ClassifiedProcess(process, process_class, pod, container))
             self._pids[process.pid] = _PidOwner(pod, now, container)
-            key = (process.device, names.namespace, names.pod, container)
+            key = (process.device, *pod, container)
             memory.setdefault(key, []).append(process.used_bytes)
         self._pids = {p: o for p, o in self._pids.items() if now - o.seen < PID_RETENTION}
+        self._classified = classified
+        self._observed = observed_holdings(classified)
+        self._unattributed.update(classified)
         self._publish_holders(history_changed=False)
         self._memory = list(memory_samples(memory))
         self._rightsizer.observe_memory(memory)
         self._dirty = True
+
+    def _listed_pods(self) -> frozenset[PodKey]:
+        """The pods the kubelet lists; while it does not answer, every pod a log directory
+        names (none is called gone on a kubelet outage)."""
+        if self._snapshot is not None:
+            return self._snapshot.pods
+        return frozenset((n.namespace, n.pod) for n in self._pod_names.values())
 
     def _note_unresolved(self, allocations: Allocations) -> None:
         """Count each device id or DRA device once when it starts to resolve to nothing."""
@@ -401,12 +453,22 @@ class AllocationSubsystem:
         samples.extend(self._unresolved.samples())
         if self._up:
             allocations = self._allocations
-            samples.extend(allocation_samples(allocations, self._accountant, self._rightsizer))
+            observed = self._observed_now(allocations)
+            samples.extend(
+                allocation_samples(allocations, self._accountant, self._rightsizer, observed)
+            )
             gpus = [d.id for d in self._devices() if not d.id.is_mig]
             samples.extend(sharing_samples(gpus, allocations, self._mps, self._compute_modes))
         samples.extend(self._memory)
         samples.extend(activity_samples(self._activity))
+        sampled = [d.id for d in self._devices() if not d.id.is_mig and d.id.mig_mode != "enabled"]
+        samples.extend(unattributed_samples(sampled, self._unattributed, self._activity))
         self._samples = samples
+
+    def _observed_now(self, allocations: Allocations) -> list[Holding]:
+        """The last scan's process-only holders that still hold no allocation of their device."""
+        held = {(h.device.uuid, h.pod_key) for h in allocations.holdings}
+        return [h for h in self._observed if (h.device.uuid, h.pod_key) not in held]
 
     def _warn(self, key: str, event: str, **fields: Any) -> None:
         self._rlog.warning(key, event, **fields)

@@ -136,7 +136,15 @@ class SimulatedKubelet:
             if a.spec.claim is None
         ]
         claims = claim_devices(allocations, self._node.gpus, self._node.scenario.node.name)
-        return KubeletState(containers, list(self._allocatable()), claims)
+        running = sorted(
+            {
+                (w.spec.namespace, w.spec.pod, w.spec.container)
+                for gpu in self._node.gpus
+                for w, _ in gpu.all_workloads()
+                if w.spec.pod and not w.spec.deleted
+            }
+        )
+        return KubeletState(containers, list(self._allocatable()), claims, running=running)
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -153,10 +161,16 @@ class SimulatedKubelet:
         with node.lock:
             node.advance(integrate=False)
             processes = [
-                SimProcess(w.pid, w.spec.namespace, w.spec.pod, w.spec.container)
+                SimProcess(
+                    w.pid,
+                    w.spec.namespace,
+                    w.spec.pod,
+                    w.spec.container,
+                    w.spec.process_name,
+                    w.spec.deleted,
+                )
                 for gpu in node.gpus
                 for w, _ in gpu.all_workloads()
-                if w.spec.pod
             ]
             pods = [(a.spec.namespace, a.spec.pod, a.spec.container) for a in node.allocations]
         return processes, pods

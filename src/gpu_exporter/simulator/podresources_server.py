@@ -39,21 +39,28 @@ class KubeletState:
     allocatable: Sequence[tuple[str, str]] | None = ()  # (resource, device id)
     claims: Sequence[ClaimDevice] = ()
     allocatable_refusal: tuple[Status, str] = UNIMPLEMENTED
+    # Containers of running pods, devices or none (namespace, pod, container): a kubelet lists
+    # every pod, and a container holding nothing with an empty resource list.
+    running: Sequence[tuple[str, str, str]] = ()
 
 
 _Entry = ContainerDevices | ClaimDevice
 
 
 def pod_messages(
-    containers: Sequence[ContainerDevices], claims: Sequence[ClaimDevice] = ()
+    containers: Sequence[ContainerDevices],
+    claims: Sequence[ClaimDevice] = (),
+    running: Sequence[tuple[str, str, str]] = (),
 ) -> list[pb.PodResources]:
     """Each pod's PodResources, grouped into pods and containers as the kubelet does, in the
-    order the pods first appear."""
+    order the pods first appear; ``running`` containers holding nothing come last."""
     pods: dict[tuple[str, str], dict[str, list[_Entry]]] = {}
     every: list[_Entry] = [*containers, *claims]
     for entry in every:
         by_container = pods.setdefault((entry.namespace, entry.pod), {})
         by_container.setdefault(entry.container, []).append(entry)
+    for namespace, pod, container in running:
+        pods.setdefault((namespace, pod), {}).setdefault(container, [])
     return [
         pb.PodResources(
             name=name,
@@ -98,10 +105,12 @@ def _claim_resource(device: ClaimDevice) -> pb.ClaimResource:
 
 
 def list_response(
-    containers: Sequence[ContainerDevices], claims: Sequence[ClaimDevice] = ()
+    containers: Sequence[ContainerDevices],
+    claims: Sequence[ClaimDevice] = (),
+    running: Sequence[tuple[str, str, str]] = (),
 ) -> pb.ListPodResourcesResponse:
     """A ListPodResourcesResponse: the pods of :func:`pod_messages`."""
-    return pb.ListPodResourcesResponse(pod_resources=pod_messages(containers, claims))
+    return pb.ListPodResourcesResponse(pod_resources=pod_messages(containers, claims, running))
 
 
 def allocatable_response(
@@ -123,15 +132,15 @@ class _Lister(PodResourcesListerBase):
         self._provider = provider
         # The last List answer and what it was built from: a node's holdings rarely change
         # between polls, and building 100 pods' messages took the event loop ~3 ms a poll.
-        self._last_from: tuple[_Entry | None, ...] | None = None
+        self._last_from: tuple[_Entry | tuple[str, str, str] | None, ...] | None = None
         self._last_answer = pb.ListPodResourcesResponse()
 
     async def List(self, stream: Any) -> None:
         await stream.recv_message()
         state = self._provider()
-        written_from = (*state.containers, None, *state.claims)
+        written_from = (*state.containers, None, *state.claims, None, *state.running)
         if written_from != self._last_from:
-            self._last_answer = list_response(state.containers, state.claims)
+            self._last_answer = list_response(state.containers, state.claims, state.running)
             self._last_from = written_from
         await stream.send_message(self._last_answer)
 
@@ -145,7 +154,7 @@ class _Lister(PodResourcesListerBase):
     async def Get(self, stream: Any) -> None:
         request = await stream.recv_message()
         state = self._provider()
-        for pod in pod_messages(state.containers, state.claims):
+        for pod in pod_messages(state.containers, state.claims, state.running):
             if (pod.namespace, pod.name) == (request.pod_namespace, request.pod_name):
                 await stream.send_message(pb.GetPodResourcesResponse(pod_resources=pod))
                 return

@@ -20,10 +20,18 @@ from pathlib import Path
 
 @dataclass(frozen=True)
 class SimProcess:
+    """A workload's process: ``pod`` "" is a host process (a user session's cgroup); a
+    ``deleted`` pod's process keeps its pod cgroup while the pod's log directory is gone."""
+
     pid: int
     namespace: str
     pod: str
     container: str
+    command: str = "python"
+    deleted: bool = False
+
+
+HOST_CGROUP = "0::/user.slice/user-1000.slice/session-4.scope\n"
 
 
 def pod_uid(namespace: str, pod: str) -> str:
@@ -89,7 +97,11 @@ class ProcTree:
         self._shown = None  # a sync that fails half-way is redone in full next time
         wanted_pids = {p.pid: p for p in processes}
         self._sync_procs(wanted_pids)
-        containers = {(p.namespace, p.pod, p.container) for p in wanted_pids.values()}
+        containers = {
+            (p.namespace, p.pod, p.container)
+            for p in wanted_pids.values()
+            if p.pod and not p.deleted
+        }
         self._sync_pods(containers | wanted[1])
         self._shown = wanted
 
@@ -102,10 +114,14 @@ class ProcTree:
             path = self.proc_path / str(pid) / "cgroup"
             if path.exists():
                 continue
+            path.parent.mkdir(parents=True, exist_ok=True)
+            (path.parent / "comm").write_text(process.command[:15] + "\n", encoding="utf-8")
+            if not process.pod:
+                path.write_text(HOST_CGROUP, encoding="utf-8")
+                continue
             uid = pod_uid(process.namespace, process.pod)
             cid = container_id(process.namespace, process.pod, process.container)
             variant = zlib.crc32(f"{process.namespace}/{process.pod}".encode())
-            path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(cgroup_text(uid, cid, variant), encoding="utf-8")
 
     def _sync_pods(self, containers: set[tuple[str, str, str]]) -> None:

@@ -109,6 +109,12 @@ class WorkloadSpec:
     utilization: Pattern | None
     memory_reported: bool = True  # False: usedGpuMemory is NVML_VALUE_NOT_AVAILABLE
     mps: bool = False  # an MPS client (listed by nvmlDeviceGetMPSComputeRunningProcesses)
+    # GPU use the allocator never sees (docs/simulator.md, "Unallocated use"): a pod that holds
+    # no allocation of the device; one using a KAI-style reservation pod's device
+    # ("namespace/pod"); a process of a deleted pod (the kubelet no longer lists it).
+    unrequested: bool = False
+    reservation: str = ""
+    deleted: bool = False
 
 
 @dataclass(frozen=True)
@@ -174,6 +180,7 @@ def parse_parts(data: Any) -> tuple[Mapping[str, Any], Scenario]:
         for i, raw in enumerate(s.sequence(top.get("allocations"), "allocations"))
     )
     _check_placement(allocations, node, len(gpus))
+    _check_unallocated_use(workloads, allocations)
     return top, Scenario("", node, gpus, workloads, allocations)
 
 
@@ -319,6 +326,10 @@ WORKLOAD_KEYS = {
     "utilization",
     "memory_reported",
     "mps",
+    "unrequested",
+    "reservation",
+    "deleted",
+    "host",
 }
 
 
@@ -360,6 +371,7 @@ def build_workload(w: Mapping[str, Any], path: str, gpu: int, mig: int | None) -
         return s.pattern(w[name], s.key(path, name)) if name in w else None
 
     pid = s.integer(w["pid"], s.key(path, "pid"), 1, 2**22) if "pid" in w else None
+    _check_pod_keys(w, path)
     return WorkloadSpec(
         gpu=gpu,
         mig=mig,
@@ -376,7 +388,53 @@ def build_workload(w: Mapping[str, Any], path: str, gpu: int, mig: int | None) -
         utilization=opt_pattern("utilization"),
         memory_reported=s.boolean(w.get("memory_reported", True), s.key(path, "memory_reported")),
         mps=s.boolean(w.get("mps", False), s.key(path, "mps")),
+        unrequested=s.boolean(w.get("unrequested", False), s.key(path, "unrequested")),
+        reservation=_reservation(w, path),
+        deleted=s.boolean(w.get("deleted", False), s.key(path, "deleted")),
     )
+
+
+def _reservation(w: Mapping[str, Any], path: str) -> str:
+    if "reservation" not in w:
+        return ""
+    where = s.key(path, "reservation")
+    value = s.text(w["reservation"], where)
+    namespace, _, pod = value.partition("/")
+    if not namespace or not pod or "/" in pod:
+        raise Invalid(where, f"expected namespace/pod, got {value!r}")
+    return value
+
+
+def _check_pod_keys(w: Mapping[str, Any], path: str) -> None:
+    """``host: true`` (a process outside Kubernetes) names no pod; the keys that describe a
+    pod's use need one."""
+    host = s.boolean(w.get("host", False), s.key(path, "host"))
+    for key in ("pod", "unrequested", "reservation", "deleted") if host else ():
+        if w.get(key):
+            raise Invalid(s.key(path, key), "a host process (host: true) has no pod")
+    for key in ("unrequested", "reservation", "deleted") if not w.get("pod") else ():
+        if w.get(key):
+            raise Invalid(s.key(path, key), "needs a pod")
+
+
+def _check_unallocated_use(
+    workloads: Sequence[WorkloadSpec], allocations: Sequence[AllocationSpec]
+) -> None:
+    """A pod said to hold nothing of its device holds nothing of it; a reservation is held."""
+    held = {(a.namespace, a.pod, a.gpu, a.mig) for a in allocations}
+    pods = {(a.namespace, a.pod) for a in allocations}
+    for i, w in enumerate(workloads):
+        path = s.item("workloads", i)
+        if (w.unrequested or w.reservation) and (w.namespace, w.pod, w.gpu, w.mig) in held:
+            key = "unrequested" if w.unrequested else "reservation"
+            raise Invalid(s.key(path, key), f"pod {w.namespace}/{w.pod} holds this device")
+        if w.deleted and (w.namespace, w.pod) in pods:
+            raise Invalid(s.key(path, "deleted"), f"pod {w.namespace}/{w.pod} holds a device")
+        if w.reservation:
+            namespace, _, pod = w.reservation.partition("/")
+            if (namespace, pod, w.gpu, w.mig) not in held:
+                reason = f"no allocation of this device to {w.reservation}"
+                raise Invalid(s.key(path, "reservation"), reason)
 
 
 def device_memory(gpu: GpuSpec, mig: int | None) -> int:
