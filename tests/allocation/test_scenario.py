@@ -300,5 +300,11 @@ async def test_builtin_scenario(rig: Rig) -> None:
     assert modes == {**dict.fromkeys("01235", "exclusive"), "4": "time_slicing", "6": "mig",
                      "7": "unallocated"}  # fmt: skip
     info = named(values, "gpu_allocation_info")
-    assert len(info) == 10
+    assert len(info) == 11
+    (observed,) = [k for k in info if 'source="process"' in k]
+    assert 'gpu="7"' in observed, "the pod without a request uses GPU 7"
+    assert 'pod="debug-shell"' in observed
+    gone = named(values, "gpu_unattributed_memory_used_bytes")
+    assert list(gone.values()) == [20 * 2**30], "the zombie's memory"
+    assert 'class="gone"' in next(iter(gone))
     assert sum(named(values, "gpu_allocated").values()) == 9  # GPUs 0-5, 3 of 4 MIG; GPU 7 free

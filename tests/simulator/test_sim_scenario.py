@@ -31,7 +31,11 @@ def test_builtin_scenario_describes_the_demo_node() -> None:
     ]
     namespaces = {w.namespace for w in scenario.workloads}
     assert {"ml-training", "inference", "research"} <= namespaces
-    assert not [w for w in scenario.workloads if w.gpu == 7]
+    on_the_free_gpu = {(w.pod, w.unrequested, w.deleted) for w in scenario.workloads if w.gpu == 7}
+    assert on_the_free_gpu == {
+        ("debug-shell", True, False),  # no GPU request
+        ("llama-pretrain-old", False, True),  # a zombie
+    }, "GPU 7 runs only what the allocator never sees until the evaluation job lands"
     assert {e.type for e in scenario.timeline} >= {"throttle", "xid", "ecc", "allocate"}
     replicas = [a for a in scenario.allocations if a.replica is not None]
     assert {a.pod for a in replicas} == {"llm-serve-a", "llm-serve-b"}
