@@ -22,6 +22,7 @@ from .dcgm.readings import DcgmLink
 from .http.admin import admin_routes
 from .http.listener import WebServer, listen
 from .http.server import make_web_app
+from .http.status import UnheldProcess
 from .http.webguard import RequestGuard
 from .http.webreload import WebConfigReloader
 from .ledger import ActivityLedger
@@ -176,7 +177,8 @@ def build_exporter(config: Config) -> Exporter:
     if config.web_enable_admin_api:
         checked = bool(config.web and config.web.auth_required)
         extra_routes = [*extra_routes, *admin_routes(xid, credentials_checked=checked)]
-    web_app = make_web_app(sampler, extra_routes, guard)
+    processes = partial(_unheld_processes, allocation) if allocation is not None else None
+    web_app = make_web_app(sampler, extra_routes, guard, processes)
     return Exporter(
         config,
         pool,
@@ -265,6 +267,21 @@ def _simulated_kubelet(simulation: Any) -> Any:
     from .simulator.kubelet import SimulatedKubelet
 
     return SimulatedKubelet(simulation)
+
+
+def _unheld_processes(allocation: AllocationSubsystem) -> dict[str, tuple[UnheldProcess, ...]]:
+    """The status page's processes: each device's GPU processes that do not hold it."""
+    found: dict[str, list[UnheldProcess]] = {}
+    for p in allocation.processes:
+        if p.process_class != "held":
+            namespace, pod = p.pod or ("", "")
+            process, used = p.process, p.process.used_bytes
+            memory = None if used is None else float(used)
+            row = UnheldProcess(
+                process.pid, p.process_class, process.command, namespace, pod, memory
+            )
+            found.setdefault(p.device.uuid, []).append(row)
+    return {uuid: tuple(rows) for uuid, rows in found.items()}
 
 
 def _build_allocation(

@@ -157,3 +157,25 @@ async def test_the_page_and_its_json_sit_behind_the_web_config(tmp_path: Path) -
                 assert response.status == 401, f"{path} lists pods and GPUs: it needs credentials"
             async with session.get(path, headers=credentials) as response:
                 assert response.status == 200, f"{path} with credentials"
+
+
+async def test_what_runs_on_a_gpu_without_holding_it_is_listed_under_it(
+    exporter: Exporter,
+) -> None:
+    """The built-in node's GPU 7: a pod without a GPU request and a deleted pod's zombie."""
+    assert exporter.allocation is not None
+    async with aiohttp.ClientSession(f"http://127.0.0.1:{exporter.port}") as session:
+        while {p.process_class for p in exporter.allocation.processes} < {"not_held", "gone"}:
+            await exporter.allocation.wait_for_poll()
+        await exporter.sampler.wait_for_rounds(Cadence.FAST, 2)
+        document = await status_json(session)
+        async with session.get("/") as response:
+            page = await response.text()
+    jsonschema.validate(document, SCHEMA)
+    free = device(document, "7")
+    rows = {(p["process_class"], p["pod"], p["command"]) for p in free["processes"]}
+    assert rows == {("not_held", "debug-shell", "python"), ("gone", "", "python3")}
+    assert [(h["pod"], h["source"]) for h in free["holders"]] == [("debug-shell", "process")]
+    assert '<span class="warn">gone</span> <code>python3</code>' in page
+    assert "no allocation" in page, "the process holder is marked as such"
+    assert not device(document, "5")["processes"], "the notebook holds its GPU"

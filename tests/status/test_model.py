@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import textwrap
 
-from gpu_exporter.http.status import NodeStatus, build_status
+from gpu_exporter.http.status import NodeStatus, UnheldProcess, build_status
 from gpu_exporter.http.status.page import render_html
 from gpu_exporter.http.status.reader import read_exposition
 
@@ -103,6 +103,30 @@ def test_markup_in_a_pod_name_is_rendered_as_text() -> None:
     page = render_html(status())
     assert "<script>" not in page, "a pod name must never become markup"
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+
+
+def test_a_process_that_holds_nothing_is_listed_under_its_gpu_with_its_command_as_text() -> None:
+    processes = {
+        GPU1: (
+            UnheldProcess(4242, "no_pod", "<img src=x>", memory_used_bytes=2**30),
+            UnheldProcess(4343, "gone", "python3", "ml", "old-job", 20 * 2**30),
+        )
+    }
+    built = build_status(
+        read_exposition(EXPOSITION),
+        version="0.1.0",
+        ready=True,
+        healthy=True,
+        problems=(),
+        processes=processes,
+    )
+    (gpu1,) = [d for d in built.devices if d.uuid == GPU1]
+    assert [p.process_class for p in gpu1.processes] == ["no_pod", "gone"]
+    assert not next(d for d in built.devices if d.uuid == GPU0).processes, "nothing on GPU 0"
+    page = render_html(built)
+    assert "<img" not in page, "a process names itself: never markup"
+    assert '<span class="warn">no_pod</span> <code>&lt;img src=x&gt;</code>' in page
+    assert "ml/old-job, pid 4343, 20.0 GiB" in page
 
 
 def test_escaped_label_values_are_read_back_as_written() -> None:

@@ -3,7 +3,7 @@ page (``/``, ``/status.json``) built from the same render."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from aiohttp import web
@@ -18,7 +18,7 @@ from ..exposition import (
 )
 from ..sampler import Sampler
 from .gzipped import GzipBodies
-from .status import StatusPage
+from .status import StatusPage, UnheldProcess
 from .webguard import RequestGuard
 
 SAMPLER_KEY: web.AppKey[Sampler] = web.AppKey("sampler", Sampler)
@@ -39,6 +39,7 @@ def make_web_app(
     sampler: Sampler,
     extra_routes: Iterable[web.RouteDef] = (),
     guard: RequestGuard | None = None,
+    processes: Callable[[], Mapping[str, tuple[UnheldProcess, ...]]] | None = None,
 ) -> web.Application:
     # No request has a body worth more than a simulator event: 64 KiB bounds what is buffered.
     app = web.Application(client_max_size=64 * 1024)
@@ -46,7 +47,7 @@ def make_web_app(
         guard.install(app)
         app[GUARD_KEY] = guard
     app[SAMPLER_KEY] = sampler
-    app[STATUS_KEY] = StatusPage(sampler, __version__)
+    app[STATUS_KEY] = StatusPage(sampler, __version__, processes)
     app[GZIP_KEY] = GzipBodies()
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)

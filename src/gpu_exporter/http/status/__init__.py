@@ -8,6 +8,6 @@ render, as the exposition itself is cached.
 """
 
 from .cache import StatusPage, StatusView
-from .model import NodeStatus, build_status
+from .model import NodeStatus, UnheldProcess, build_status
 
-__all__ = ["NodeStatus", "StatusPage", "StatusView", "build_status"]
+__all__ = ["NodeStatus", "StatusPage", "StatusView", "UnheldProcess", "build_status"]

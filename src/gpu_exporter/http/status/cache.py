@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from ...exposition import Exposition
-from .model import NodeStatus, build_status
+from .model import NodeStatus, UnheldProcess, build_status
 from .page import render_html, to_json
 from .reader import read_exposition
 
@@ -31,8 +32,16 @@ class StatusPage:
     """Builds the page from the sampler's last exposition and keeps it until the next render or
     a change of health; the HTML for each ``refresh`` value asked for is kept alongside."""
 
-    def __init__(self, view: StatusView, version: str) -> None:
+    def __init__(
+        self,
+        view: StatusView,
+        version: str,
+        processes: Callable[[], Mapping[str, tuple[UnheldProcess, ...]]] | None = None,
+    ) -> None:
+        """``processes``: each device's GPU processes that do not hold it (the allocation
+        subsystem's last scan), read with each new render."""
         self._view = view
+        self._processes = processes
         self._version = version
         self._exposition: Exposition | None = None
         self._key: tuple[object, ...] = ()
@@ -51,6 +60,7 @@ class StatusPage:
                 ready=key[0],
                 healthy=key[1],
                 problems=key[2],
+                processes=self._processes() if self._processes is not None else None,
             )
             self._exposition, self._key, self._html, self._json = exposition, key, {}, b""
         return self._status

@@ -7,6 +7,7 @@ no NVLink, no allocation source) leaves its cells empty: the page never invents 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from .reader import Labels, Series
@@ -27,6 +28,20 @@ class Holder:
     sm_active: float | None = None
     memory_used_bytes: float | None = None
     idle_seconds: float | None = None
+    source: str = ""  # pod-resources, dra, or process: it runs there holding no allocation
+
+
+@dataclass(frozen=True)
+class UnheldProcess:
+    """A GPU process whose pod does not hold the device (``process_class``: not_held, no_pod or
+    gone; docs/allocation.md), with the kernel's command name: shown here, never a label."""
+
+    pid: int
+    process_class: str
+    command: str
+    namespace: str = ""  # the pod, where a log directory still names it
+    pod: str = ""
+    memory_used_bytes: float | None = None
 
 
 @dataclass(frozen=True)
@@ -83,6 +98,7 @@ class DeviceStatus:
     sharing: str = ""
     holders: tuple[Holder, ...] = ()
     interconnect: Interconnect = field(default_factory=Interconnect)
+    processes: tuple[UnheldProcess, ...] = ()  # what runs on it without holding it
 
     @property
     def idle_allocated(self) -> bool:
@@ -123,7 +139,9 @@ def build_status(
     ready: bool,
     healthy: bool,
     problems: tuple[str, ...],
+    processes: Mapping[str, tuple[UnheldProcess, ...]] | None = None,
 ) -> NodeStatus:
+    """``processes``: each device's (by uuid) GPU processes that do not hold it."""
     build = series.of("gpu_exporter_build_info")
     return NodeStatus(
         version=version,
@@ -134,12 +152,14 @@ def build_status(
         sources={
             labels["source"]: value == 1 for labels, value in series.of("gpu_exporter_source_up")
         },
-        devices=_devices(series),
+        devices=_devices(series, processes or {}),
         xids=_xids(series),
     )
 
 
-def _devices(series: Series) -> tuple[DeviceStatus, ...]:
+def _devices(
+    series: Series, processes: Mapping[str, tuple[UnheldProcess, ...]]
+) -> tuple[DeviceStatus, ...]:
     rows: list[DeviceStatus] = []
     known: set[str] = set()
     for labels, _ in series.of("gpu_info"):
@@ -150,7 +170,10 @@ def _devices(series: Series) -> tuple[DeviceStatus, ...]:
         rows.append(_device(series, labels, "mig", labels.get("mig_profile", "")))
         known.add(labels["uuid"])
         instances[labels.get("parent_uuid", "")] += 1
-    rows = [replace(row, mig_instances=instances.get(row.uuid, 0)) for row in rows]
+    rows = [
+        replace(row, mig_instances=instances[row.uuid], processes=processes.get(row.uuid, ()))
+        for row in rows
+    ]
     for labels, value in series.of("gpu_up"):  # lost GPUs keep only gpu_up
         if labels.get("uuid", "") not in known and value == 0:
             rows.append(
@@ -268,6 +291,7 @@ def _holders(series: Series, uuid: str) -> tuple[Holder, ...]:
                 sm_active=sm_active,
                 memory_used_bytes=memory,
                 idle_seconds=idle.get(key[:2]),
+                source=labels.get("source", ""),
             )
         )
     return tuple(sorted(holders, key=lambda h: (h.namespace, h.pod, h.container)))

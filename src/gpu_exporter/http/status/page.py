@@ -13,7 +13,7 @@ import time
 from dataclasses import asdict
 from typing import Any
 
-from .model import DeviceStatus, Holder, NodeStatus, XidRow
+from .model import DeviceStatus, Holder, NodeStatus, UnheldProcess, XidRow
 
 SCHEMA_VERSION = 1
 _STYLE = """
@@ -123,6 +123,10 @@ def _bar(ratio: float | None, what: str, kind: str = "") -> str:
 
 
 def _holders_cell(device: DeviceStatus) -> str:
+    return _held_by(device) + _unheld(device.processes)
+
+
+def _held_by(device: DeviceStatus) -> str:
     if device.mig_instances:
         return f'<span class="muted">split into {device.mig_instances} MIG instances</span>'
     if not device.holders:
@@ -132,6 +136,21 @@ def _holders_cell(device: DeviceStatus) -> str:
     sharing = f' <small class="muted">({_e(device.sharing)})</small>' if device.sharing else ""
     idle = '<br><span class="warn">allocated but idle</span>' if device.idle_allocated else ""
     return f"{lines}{sharing}{idle}"
+
+
+def _unheld(processes: tuple[UnheldProcess, ...]) -> str:
+    """Each process on the device that its pod does not hold, with its class and command name
+    (escaped: a process names itself)."""
+    rows = []
+    for p in processes:
+        who = f"{p.namespace}/{p.pod}" if p.pod else ""
+        memory = _gib(p.memory_used_bytes) if p.memory_used_bytes is not None else ""
+        detail = ", ".join(x for x in (who, f"pid {p.pid}", memory) if x)
+        rows.append(
+            f'<br><span class="warn">{_e(p.process_class)}</span> '
+            f'<code>{_e(p.command or "?")}</code> <small class="muted">{_e(detail)}</small>'
+        )
+    return "".join(rows)
 
 
 def _holder(holder: Holder) -> str:
@@ -145,7 +164,8 @@ def _holder(holder: Holder) -> str:
         extra.append(f"idle {_duration(holder.idle_seconds)}")
     detail = f' <small class="muted">{_e(", ".join(extra))}</small>' if extra else ""
     name = f"{holder.namespace}/{holder.pod}/{holder.container}"
-    return f'<span class="holder">{_e(name)}</span>{detail}'
+    unheld = ' <span class="warn">no allocation</span>' if holder.source == "process" else ""
+    return f'<span class="holder">{_e(name)}</span>{unheld}{detail}'
 
 
 def _nowrap(text: str) -> str:
