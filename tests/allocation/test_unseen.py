@@ -56,7 +56,8 @@ async def live() -> AsyncIterator[tuple[Sampler, AllocationSubsystem]]:
     scenario = loads_scenario(SCENARIO, "unseen.yaml")
     async with live_builtin_node(FAST, "test-unseen", scenario) as running:
         subsystem = running[1]
-        while not subsystem.up or len(subsystem.processes) < 6:
+        # A scan after the kubelet answered: until then no pod is said to hold nothing.
+        while len({p.process.pid for p in subsystem.processes if p.process_class != "held"}) < 5:
             await subsystem.wait_for_poll()
         yield running
 
@@ -217,3 +218,27 @@ def write_cgroup(root: Path, pid: int, uid: str) -> None:
     (root / "proc" / str(pid)).mkdir(parents=True)
     cid = container_id("any", "pod", str(pid))
     (root / "proc" / str(pid) / "cgroup").write_text(cgroup_text(uid, cid, pid))
+
+
+async def test_no_pod_is_said_to_hold_nothing_before_the_kubelet_answers(
+    kubelet: FakeKubelet, pool: WorkerPool, tmp_path: Path
+) -> None:
+    kubelet.running.append(("debug", "shell", "sh"))
+    make_pod(tmp_path, "debug", "shell", ["sh"], {100: "sh"})
+    sub = AllocationSubsystem(
+        socket_path=kubelet.socket_path,
+        devices=devices,
+        ledger=ActivityLedger(),
+        executor=pool,
+        proc_path=tmp_path / "proc",
+        pod_logs_path=tmp_path / "pods",
+        process_lister=Processes({UUID_A: [GpuProcess(100, GIB)]}),
+    )
+    await sub.scan_processes()
+    assert [p.process_class for p in sub.processes] == ["held"], "unknown: not flagged"
+    await sub.poll()
+    await sub.scan_processes()
+    assert [p.process_class for p in sub.processes] == ["not_held"], "the kubelet's word"
+    info = named(series(sub.samples()), "gpu_allocation_info")
+    assert [k for k in info if 'source="process"' in k and 'pod="shell"' in k]
+    await sub.stop()

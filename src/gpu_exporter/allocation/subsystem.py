@@ -17,7 +17,10 @@ Three background loops feed series the sampler renders (this is a SampleSource):
   one new ledger interval per device, and what it publishes is in that round's exposition.
 - *processes* (every ``process_interval``): GPU processes (NVML, on a worker thread) to their
   pods and containers through the host's ``/proc`` and pod log directories, for
-  ``gpu_container_memory_used_bytes``, PID-based attribution, MPS clients and compute modes.
+  ``gpu_container_memory_used_bytes``, PID-based attribution, MPS clients and compute modes;
+  each process classed against its device's holders (:mod:`.unseen`): a pod running on a device
+  it holds nothing of is a ``source="process"`` holder, what runs in no pod or a gone one is
+  summed in ``gpu_unattributed_*``.
 - *activity* (every ``poll_interval``, with *processes*): per-process utilisation samples (NVML,
   on a worker thread) summed per container (:mod:`.process_activity`), for
   ``gpu_container_sm_active_*`` and the per-pod idle rule on shared devices.
@@ -388,7 +391,9 @@ class AllocationSubsystem:
         self._compute_modes = result.compute_modes
         memory: dict[tuple[DeviceId, str, str, str], list[int | None]] = {}
         holders = _ContainerIndex(self._allocations)
-        held = frozenset((h.device.uuid, h.pod_key) for h in self._allocations.holdings)
+        held = None  # unknown until the kubelet answers
+        if self._snapshot is not None:
+            held = frozenset((h.device.uuid, h.pod_key) for h in self._allocations.holdings)
         listed = self._listed_pods()
         classified: list[ClassifiedProcess] = []
         self._unattributed_pids = {}

@@ -51,10 +51,11 @@ def classify(
     process: OwnedProcess,
     names: Mapping[str, PodName],
     listed: frozenset[PodKey],
-    held: frozenset[tuple[str, PodKey]],
+    held: frozenset[tuple[str, PodKey]] | None,
 ) -> tuple[str, PodKey | None]:
     """The class of one process and its pod: ``names`` maps pod UIDs to names (the pod log
-    directories), ``listed`` the pods the kubelet lists, ``held`` (device uuid, pod) holdings."""
+    directories), ``listed`` the pods the kubelet lists, ``held`` (device uuid, pod) holdings;
+    None while the kubelet has not answered: no pod is said to hold nothing on its word."""
     if process.owner is None:
         return NO_POD, None
     pod_name = names.get(process.owner.pod_uid)
@@ -63,7 +64,9 @@ def classify(
     pod = (pod_name.namespace, pod_name.pod)
     if pod not in listed:
         return GONE, pod
-    return (HELD if (process.device.uuid, pod) in held else NOT_HELD), pod
+    if held is None or (process.device.uuid, pod) in held:
+        return HELD, pod
+    return NOT_HELD, pod
 
 
 def observed_holdings(processes: Iterable[ClassifiedProcess]) -> list[Holding]:
