@@ -41,8 +41,11 @@ from gpu_exporter.simulator.podresources_server import (
 )
 
 # Enough pods that List's answer (~300 KB) needs several flow-control windows of 64 KiB.
+# 3000 pods on 100 time-sliced devices: a large answer, within the holder bounds (30 a device).
 MANY = [
-    ContainerDevices(f"ns-{i % 7}", f"pod-{i}", "main", "nvidia.com/gpu", (f"GPU-{i:036d}",))
+    ContainerDevices(
+        f"ns-{i % 7}", f"pod-{i}", "main", "nvidia.com/gpu", (f"GPU-{i % 100:036d}::{i}",)
+    )
     for i in range(3000)
 ]
 REFUSAL = "Pod Resources API GetAllocatableResources disabled: 100% off, café"

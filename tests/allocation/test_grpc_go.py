@@ -156,8 +156,10 @@ async def test_a_500_pod_answer_arrives_whole(
     go_kubelet: GoKubelet, client: PodResourcesClient
 ) -> None:
     pods = [
-        ContainerDevices(f"ns-{i % 9}", f"pod-{i}", "main", "nvidia.com/gpu", (f"GPU-{i:036d}",))
-        for i in range(500)
+        ContainerDevices(
+            f"ns-{i % 9}", f"pod-{i}", "main", "nvidia.com/gpu", (f"GPU-{i % 50:036d}::{i}",)
+        )
+        for i in range(500)  # 10 pods a device: within the holder bounds
     ]
     go_kubelet.answer("List", list_response(pods))
     assert (await client.fetch()).containers == tuple(pods)

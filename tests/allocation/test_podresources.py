@@ -261,10 +261,15 @@ async def test_a_kubelet_gone_for_good_is_down_on_the_next_poll(
 
 
 async def test_never_reachable(short_dir: Path, pool: WorkerPool) -> None:
-    # Only the source's state and the (self-metric) count of unresolved ids: no allocation series.
+    # Only the source's state and self-metrics (unresolved ids, folds, flaps): no allocation series.
     unresolved = {
         f'gpu_exporter_allocation_unresolved_total{{reason="{reason}"}}': 0
         for reason in UNRESOLVED_REASONS
+    }
+    unresolved |= {
+        'gpu_exporter_allocation_folded{what="device_ids"}': 0,
+        'gpu_exporter_allocation_folded{what="holders"}': 0,
+        'gpu_exporter_source_transitions_total{source="pod_resources"}': 0,
     }
     sub = subsystem(FakeKubelet(short_dir / "absent.sock"), pool)
     assert series(sub.samples()) == {SOURCE_UP: 0, **unresolved}

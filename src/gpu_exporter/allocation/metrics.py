@@ -67,6 +67,17 @@ UNRESOLVED = counter(
     "when it starts to resolve to nothing.",
 )
 
+FOLDED = gauge(
+    "gpu_exporter_allocation_folded",
+    "What the bounds left out of the kubelet's last List answer (docs/security.md): device ids "
+    "(what=device_ids) and (device, pod) holders (what=holders); their time is not accounted.",
+)
+SOURCE_TRANSITIONS = counter(
+    "gpu_exporter_source_transitions_total",
+    "Times the allocation source went up or down (a flapping source counts every change; the "
+    "log says so at most once a minute).",
+)
+
 FAMILIES = (
     ALLOCATION_INFO,
     ALLOCATED,
@@ -81,6 +92,8 @@ FAMILIES = (
     SHARING_INFO,
     UNATTRIBUTED_MEMORY,
     UNATTRIBUTED_SM_ACTIVE_SECONDS,
+    FOLDED,
+    SOURCE_TRANSITIONS,
 )
 
 

@@ -14,7 +14,12 @@ or comes back is picked up by the next poll, with no reconnect backoff in the wa
 
 The answers are decoded by protobuf's runtime with the generated ``proto/podresources_pb2``
 (one larger than :data:`DECODE_ON_LOOP` on a worker thread); a ``List`` answer byte for byte the
-same as the previous one is not decoded again.
+same as the previous one is not decoded again. What a ``List`` answer turns into is bounded
+(:func:`read_holdings`): containers holding no ``nvidia.com/`` device and no DRA device of an
+NVIDIA driver become no object at all; a container keeps at most :data:`MAX_IDS_PER_CONTAINER`
+device ids, a device at most :data:`MAX_HOLDERS_PER_DEVICE` holders (the first by namespace and
+pod, so the choice is stable from poll to poll), an answer at most :data:`MAX_DEVICES` distinct
+devices; what is left out is counted in :class:`Folded` (``gpu_exporter_allocation_folded``).
 
 ``GetAllocatableResources`` changes only with the device plugins (a MIG reconfiguration, a new
 sharing config), so its answer is kept and asked again only when ``List``'s answer changed, when
@@ -25,6 +30,7 @@ failed fetch (a restarted kubelet): one call per poll at rest instead of two.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -34,6 +40,7 @@ from typing import TypeVar
 from google.protobuf.message import DecodeError
 
 from .channel import GRPCError, KubeletChannel, Status
+from .ids import is_gpu_resource
 from .proto import podresources_pb2 as pb
 
 
@@ -70,6 +77,15 @@ class ClaimDevice:
 
 
 @dataclass(frozen=True)
+class Folded:
+    """What the bounds left out of one ``List`` answer: device ids (past a container's bound, or
+    of a holder left out), and (device, pod) holders (past a device's or the answer's bound)."""
+
+    device_ids: int = 0
+    holders: int = 0
+
+
+@dataclass(frozen=True)
 class PodResourcesSnapshot:
     """One poll: devices held by containers, and the devices the kubelet can hand out.
 
@@ -83,6 +99,7 @@ class PodResourcesSnapshot:
     # Every pod the kubelet lists, devices or none: (namespace, name). What tells a GPU process
     # of a running pod that holds nothing from a zombie of a deleted one (docs/allocation.md).
     pods: frozenset[tuple[str, str]] = frozenset()
+    folded: Folded = Folded()
 
 
 class PodResourcesError(RuntimeError):
@@ -108,6 +125,14 @@ _EMPTY_REQUEST = b""  # ListPodResourcesRequest and AllocatableResourcesRequest 
 # An answer this large is decoded on a worker thread: 500 pods (~50 KB) decode in about a
 # millisecond, 100,000 (~9 MB) in over a second.
 DECODE_ON_LOOP = 1 << 16
+# Bounds on what one List answer turns into (security.md). A node has at most a few dozen
+# schedulable devices (8 GPUs of 7 MIG instances), and time-slicing rarely goes past 16
+# replicas: each bound is several times what a real node lists.
+MAX_IDS_PER_CONTAINER = 256
+MAX_HOLDERS_PER_DEVICE = 64
+MAX_DEVICES = 128
+# dra.GPU_DRIVER and dra.COMPUTE_DOMAIN_DRIVER (dra reads this module's ClaimDevice: no import).
+_OUR_DRIVERS = frozenset({"gpu.nvidia.com", "compute-domain.nvidia.com"})
 _T = TypeVar("_T")
 
 
@@ -177,17 +202,16 @@ class PodResourcesClient:
         answer = await self._channel.call(LIST, _EMPTY_REQUEST, deadline=self._timeout)
         last = self._last
         if last is not None and answer == self._last_list:
-            containers, claims = last.containers, last.claims  # the same answer: not read again
-            pods = last.pods
+            # the same answer: not read again
+            containers, claims, pods, folded = last.containers, last.claims, last.pods, last.folded
         else:
-            listed, claimed, pods = await _decoded(read_list_with_pods, answer)
-            containers, claims = tuple(listed), tuple(claimed)
+            containers, claims, pods, folded = await _decoded(read_holdings, answer)
         if last is not None and not refresh and self._current(last, containers, claims):
             allocatable = last.allocatable
         else:
             allocatable = await self._allocatable()
             self._allocatable_at = self._clock()
-        return PodResourcesSnapshot(containers, allocatable, claims, pods), answer
+        return PodResourcesSnapshot(containers, allocatable, claims, pods, folded), answer
 
     def _current(
         self,
@@ -248,6 +272,91 @@ def read_list_with_pods(
             )
             claims.extend(_claims(where, container.dynamic_resources))
     return devices, claims, frozenset(pods)
+
+
+_Holdings = tuple[
+    tuple[ContainerDevices, ...], tuple[ClaimDevice, ...], frozenset[tuple[str, str]], Folded
+]
+
+
+def read_holdings(data: bytes) -> _Holdings:
+    """A ListPodResourcesResponse as far as the exporter needs it, bounded (module docstring):
+    the containers' ``nvidia.com/`` devices and NVIDIA drivers' DRA devices, and every pod
+    listed with devices or without (namespace, name); DecodeError when the answer is not one.
+    Entries are plain tuples until the bounds have chosen them: 30,000 holders made into
+    objects first took three times as long."""
+    entries: list[_Entry] = []
+    claims: list[ClaimDevice] = []
+    pods: set[tuple[str, str]] = set()
+    cut = 0
+    for pod in pb.ListPodResourcesResponse.FromString(data).pod_resources:
+        namespace, name = pod.namespace, pod.name
+        pods.add((namespace, name))
+        for container in pod.containers:
+            for entry in container.devices:
+                resource = entry.resource_name
+                if not is_gpu_resource(resource):
+                    continue
+                ids = entry.device_ids
+                if len(ids) > MAX_IDS_PER_CONTAINER:
+                    cut += len(ids) - MAX_IDS_PER_CONTAINER
+                    ids = ids[:MAX_IDS_PER_CONTAINER]
+                entries.append((namespace, name, container.name, resource, tuple(ids)))
+            if container.dynamic_resources:
+                where = (namespace, name, container.name)
+                found = _claims(where, container.dynamic_resources)
+                claims.extend(c for c in found if c.driver in _OUR_DRIVERS)
+    containers, bounded_claims, folded = _bounded(entries, claims, cut)
+    return containers, bounded_claims, frozenset(pods), folded
+
+
+_Entry = tuple[str, str, str, str, tuple[str, ...]]  # namespace, pod, container, resource, ids
+
+
+_Bounded = tuple[tuple[ContainerDevices, ...], tuple[ClaimDevice, ...], Folded]
+
+
+def _bounded(entries: list[_Entry], claims: list[ClaimDevice], cut: int) -> _Bounded:
+    """At most MAX_HOLDERS_PER_DEVICE pods per device and MAX_DEVICES devices, counted."""
+    holders: dict[str, set[tuple[str, str]]] = {}
+    for namespace, pod, _, _, ids in entries:
+        for raw in ids:
+            holders.setdefault(_base_id(raw), set()).add((namespace, pod))
+    for claim in claims:
+        holders.setdefault(_claim_key(claim), set()).add((claim.namespace, claim.pod))
+    within = len(holders) <= MAX_DEVICES and all(
+        len(pods) <= MAX_HOLDERS_PER_DEVICE for pods in holders.values()
+    )
+    if within:
+        return tuple(ContainerDevices(*e) for e in entries), tuple(claims), Folded(cut, 0)
+    # Ids a device plugin could have written go first: invented ones cannot push them out.
+    chosen = sorted(holders, key=lambda key: (not key.startswith(("GPU-", "MIG-", "nvidia")), key))
+    kept = {
+        key: set(heapq.nsmallest(MAX_HOLDERS_PER_DEVICE, holders[key]))
+        for key in chosen[:MAX_DEVICES]
+    }
+    folded_holders = sum(len(pods) - len(kept.get(key, ())) for key, pods in holders.items())
+    bounded: list[ContainerDevices] = []
+    for namespace, pod, container, resource, ids in entries:
+        key = (namespace, pod)
+        held = tuple(raw for raw in ids if key in kept.get(_base_id(raw), ()))
+        cut += len(ids) - len(held)
+        if held:
+            bounded.append(ContainerDevices(namespace, pod, container, resource, held))
+    bounded_claims = tuple(c for c in claims if (c.namespace, c.pod) in kept.get(_claim_key(c), ()))
+    cut += len(claims) - len(bounded_claims)
+    return tuple(bounded), bounded_claims, Folded(cut, folded_holders)
+
+
+def _base_id(raw: str) -> str:
+    """The device a device id names, without its replica (``<id>::<n>``, GKE's ``/vgpu<n>``)."""
+    base = raw.partition("::")[0]
+    head, sep, _ = base.rpartition("/vgpu")
+    return head if sep else base
+
+
+def _claim_key(claim: ClaimDevice) -> str:
+    return f"{claim.driver}/{claim.pool}/{claim.device}"
 
 
 def _claims(

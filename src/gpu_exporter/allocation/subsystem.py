@@ -54,9 +54,9 @@ from .cdi import CdiIndex, CdiReader
 from .cgroups import PodName
 from .dra import GPU_DRIVER
 from .history import HolderHistory, HolderSnapshot
-from .metrics import FAMILIES
+from .metrics import FAMILIES, FOLDED, SOURCE_TRANSITIONS
 from .model import Allocations, Holding, PodKey, resolve_snapshot
-from .podresources import PodResourcesClient, PodResourcesError, PodResourcesSnapshot
+from .podresources import Folded, PodResourcesClient, PodResourcesError, PodResourcesSnapshot
 from .process_activity import ContainerActivity, Owner, ProcessSample, ProcessUtilizationReader
 from .processes import ComputeModeReader, NvmlProcessLister, ProcessLister, ScanResult, scan
 from .rightsizing import FAMILIES as RIGHTSIZING_FAMILIES
@@ -82,9 +82,13 @@ from .unseen import (
 T = TypeVar("T")
 _log = get_logger("allocation")
 _SOURCE_LABELS = label_string({"source": "pod_resources"})
+_FOLDED_IDS = label_string({"what": "device_ids"})
+_FOLDED_HOLDERS = label_string({"what": "holders"})
 # A PID seen in a pod is remembered this long for attributing events to it (its process may have
 # died in the very fault being attributed).
 PID_RETENTION = 600.0
+# A kubelet's grpc-message is quoted this far in the log (escaped): it is the kubelet's text.
+REASON_CHARS = 200
 
 
 @dataclass(frozen=True)
@@ -154,6 +158,7 @@ class AllocationSubsystem:
         self._rlog = RateLimitedLog(_log, period=60.0, clock=clock)
         self._snapshot: PodResourcesSnapshot | None = None
         self._up = False
+        self._transitions = 0
         self._allocations = Allocations()
         # (snapshot, cdi index, devices) self._allocations was resolved from
         self._resolved: tuple[object, ...] = ()
@@ -260,7 +265,10 @@ class AllocationSubsystem:
             came_up, changed = not self._up, snapshot is not self._snapshot
             self._snapshot, self._up = snapshot, True
             if came_up:
-                _log.info("pod-resources source is up", containers=len(snapshot.containers))
+                self._transitions += 1
+                self._rlog.info(
+                    "came-up", "pod-resources source is up", containers=len(snapshot.containers)
+                )
             if came_up or changed:
                 self.update()  # account and publish at once rather than at the next round
         self._polled.set()
@@ -372,10 +380,13 @@ class AllocationSubsystem:
                 _log.exception("allocation step failed", step=getattr(step, "__name__", "?"))
 
     def _set_down(self, reason: str) -> None:
+        """Rate-limited like the way up: a flapping kubelet writes a line each way a period."""
+        error = cut_reason(reason)
         if self._up:
-            _log.warning("pod-resources source is down; allocation series withheld", error=reason)
+            self._transitions += 1
+            self._warn("went-down", "pod-resources source is down; series withheld", error=error)
         else:
-            self._warn("down", "pod-resources source unavailable", error=reason)
+            self._warn("down", "pod-resources source unavailable", error=error)
         self._up = False
         self._snapshot = None
         self._accountant.pause()
@@ -454,7 +465,13 @@ class AllocationSubsystem:
 
     def _rebuild(self) -> None:
         self._dirty = False
-        samples = [Sample(SOURCE_UP, _SOURCE_LABELS, 1.0 if self._up else 0.0)]
+        samples = [
+            Sample(SOURCE_UP, _SOURCE_LABELS, 1.0 if self._up else 0.0),
+            Sample(SOURCE_TRANSITIONS, _SOURCE_LABELS, float(self._transitions)),
+        ]
+        folded = self._snapshot.folded if self._snapshot is not None else Folded()
+        samples.append(Sample(FOLDED, _FOLDED_IDS, float(folded.device_ids)))
+        samples.append(Sample(FOLDED, _FOLDED_HOLDERS, float(folded.holders)))
         samples.extend(self._unresolved.samples())
         if self._up:
             allocations = self._allocations
@@ -477,6 +494,16 @@ class AllocationSubsystem:
 
     def _warn(self, key: str, event: str, **fields: Any) -> None:
         self._rlog.warning(key, event, **fields)
+
+
+def cut_reason(reason: str) -> str:
+    """A failure's text for the log: escaped (no control characters or non-ASCII from the
+    kubelet's grpc-message reach it raw) and cut to REASON_CHARS."""
+    escaped = reason.encode("ascii", "backslashreplace").decode("ascii")
+    escaped = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in escaped)
+    if len(escaped) <= REASON_CHARS:
+        return escaped
+    return f"{escaped[:REASON_CHARS]}... ({len(escaped) - REASON_CHARS} more)"
 
 
 def _read_samples(
