@@ -320,13 +320,32 @@ def _build_allocation(
         mig_profiles=mig_profiles,
         executor=pool,
         idle_threshold=config.idle_threshold,
-        poll_interval=config.pod_resources_interval,
         # Accounting runs after each fast round (round_done), so it sees every ledger point.
         update_interval=None,
         allocatable_interval=config.slow_interval,
         process_interval=5.0 if config.container_memory else None,
         errors=errors,
+        **{"poll_interval": config.pod_resources_interval, **_slurm_source(config)},
     )
+
+
+def _slurm_source(config: Config) -> dict[str, Any]:
+    """--allocation.source=slurm or slurm-job-map: the reader, and its cadence and timeout."""
+    if config.allocation_source == "pod-resources":
+        return {}
+    from .allocation.jobmap import JobMapReader
+    from .allocation.slurm import SlurmForm, SlurmReader, local_node_name
+
+    jobs: Any
+    if config.allocation_source == "slurm-job-map":
+        jobs = JobMapReader(config.slurm_job_map_dir)
+    else:
+        node = config.slurm_node or local_node_name()
+        form = SlurmForm(config.slurm_form)
+        jobs = SlurmReader(node, form=form, timeout=config.slurm_timeout)
+    # The worker-pool wait outlasts scontrol's own timeout, which ends the command first.
+    timeout = config.slurm_timeout + 1.0
+    return {"jobs": jobs, "poll_interval": config.slurm_interval, "call_timeout": timeout}
 
 
 def _build_xid(

@@ -47,6 +47,16 @@ POD = ValueType(_parse_pod, lambda pod: "/".join(pod), "NAMESPACE/NAME")
 DIR = ValueType(Path, str, "DIR")
 
 
+def _parse_node_name(text: str) -> str:
+    name = text.strip()
+    if not name or any(c.isspace() or c in ",[]" for c in name):
+        raise ValueError(f"invalid Slurm node name {text!r} (one NodeName, no hostlist)")
+    return name
+
+
+NODE_NAME = ValueType(_parse_node_name, str, "NAME")
+
+
 @dataclass(frozen=True)
 class Config:
     listen_host: str = setting(
@@ -215,6 +225,52 @@ class Config:
         DURATION,
         group="allocation",
         help="how often to ask the kubelet who holds which GPU",
+    )
+    allocation_source: str = setting(
+        "--allocation.source",
+        "pod-resources",
+        choice("pod-resources", "slurm", "slurm-job-map"),
+        group="allocation",
+        help="who says which holder has which GPU: the kubelet (pod-resources), Slurm's scontrol "
+        "(slurm), or dcgm-exporter's job-mapping directory (slurm-job-map); docs/slurm.md",
+    )
+    slurm_job_map_dir: Path = setting(
+        "--slurm.job-map-dir",
+        Path("/run/dcgm-job-map"),
+        DIR,
+        group="allocation",
+        help="the job-mapping directory the prolog and epilog scripts keep (a file per GPU "
+        "index naming its jobs), read with --allocation.source=slurm-job-map",
+    )
+    slurm_timeout: float = setting(
+        "--slurm.timeout",
+        10.0,
+        DURATION,
+        group="allocation",
+        help="give up on one scontrol call after this long (the source goes down)",
+    )
+    slurm_form: str = setting(
+        "--slurm.form",
+        "auto",
+        choice("auto", "json", "text"),
+        group="allocation",
+        help="scontrol's answer form: JSON (Slurm 23.02+), the text form, or JSON falling back "
+        "to text for good once refused",
+    )
+    slurm_node: str | None = setting(
+        "--slurm.node",
+        None,
+        NODE_NAME,
+        group="allocation",
+        help="this node's Slurm NodeName (slurmd -N); none: the short host name",
+    )
+    slurm_interval: float = setting(
+        "--slurm.interval",
+        5.0,
+        DURATION,
+        group="allocation",
+        help="how often to ask Slurm (or read the mapping directory) which job holds which GPU; "
+        "a finished job's series leave within one interval",
     )
     container_memory: bool = setting(
         "--container-memory",

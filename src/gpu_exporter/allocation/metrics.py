@@ -78,6 +78,12 @@ SOURCE_TRANSITIONS = counter(
     "log says so at most once a minute).",
 )
 
+SLURM_JOB_INFO = gauge(
+    "gpu_slurm_job_info",
+    "A Slurm job holds the GPU (--allocation.source=slurm or slurm-job-map; the mapping "
+    "directory names no account or partition); always 1. Join on gpu, uuid and job_id.",
+)
+
 FAMILIES = (
     ALLOCATION_INFO,
     ALLOCATED,
@@ -94,6 +100,7 @@ FAMILIES = (
     UNATTRIBUTED_SM_ACTIVE_SECONDS,
     FOLDED,
     SOURCE_TRANSITIONS,
+    SLURM_JOB_INFO,
 )
 
 
@@ -107,6 +114,24 @@ def holder_labels(
     extra = {"namespace": namespace, "pod": pod}
     if container is not None:
         extra["container"] = container
+    return join_labels(device_labels, label_string(extra))
+
+
+@lru_cache(maxsize=8192)
+def job_labels(
+    device_labels: str, namespace: str, job_id: str, container: str | None = None
+) -> str:
+    """A device's labels and a Slurm job's, for the series :func:`holder_labels` labels on a
+    Kubernetes node: ``job_id`` instead of ``namespace``/``pod``/``container`` (a job holder
+    is ("", job id)), so Kubernetes nodes' series keep their labels."""
+    return join_labels(device_labels, label_string({"job_id": job_id}))
+
+
+@lru_cache(maxsize=8192)
+def slurm_job_labels(
+    device_labels: str, job_id: str, user: str, account: str, partition: str
+) -> str:
+    extra = {"job_id": job_id, "user": user, "account": account, "partition": partition}
     return join_labels(device_labels, label_string(extra))
 
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from ..devices import DeviceId
 from ..exposition import Sample, label_string
 from .accounting import IdleAccountant
 from .dra import DRA_REASONS
+from .jobgpus import JobHolding
 from .metrics import (
     ALLOCATED,
     ALLOCATED_IDLE_SECONDS,
@@ -19,6 +20,7 @@ from .metrics import (
     CONTAINER_SM_ACTIVE_SECONDS,
     IDLE_STREAK,
     SHARING_INFO,
+    SLURM_JOB_INFO,
     UNATTRIBUTED_MEMORY,
     UNATTRIBUTED_SM_ACTIVE_SECONDS,
     UNRESOLVED,
@@ -26,6 +28,7 @@ from .metrics import (
     holder_labels,
     info_labels,
     mode_labels,
+    slurm_job_labels,
 )
 from .model import Allocations, Holding
 from .process_activity import ContainerActivity
@@ -55,28 +58,44 @@ class UnresolvedCounts:
             yield Sample(UNRESOLVED, label_string({"reason": reason}), float(total))
 
 
+HolderLabels = Callable[[str, str, str], str]  # (device labels, namespace, pod) -> labels
+
+
 def allocation_samples(
     allocations: Allocations,
     accountant: IdleAccountant,
     rightsizer: RightSizer,
     observed: Iterable[Holding] = (),
+    *,
+    holder: HolderLabels = holder_labels,
+    info: bool = True,
 ) -> Iterable[Sample]:
     """Who holds what (``observed``: pods seen only through their processes), the schedulable
-    devices, the time counters and right-sizing."""
+    devices, the time counters and right-sizing. ``holder`` labels the time counters
+    (:func:`~.metrics.job_labels` on a Slurm node, whose holders are told by
+    :func:`job_info_samples` instead of gpu_allocation_info)."""
     held = allocations.pods_by_device()
-    for h in (*allocations.holdings, *observed):
+    for h in (*allocations.holdings, *observed) if info else ():
         labels = info_labels(h.device.labels, h.namespace, h.pod, h.container, h.resource, h.source)
         yield Sample(ALLOCATION_INFO, labels, 1)
     for device in allocations.schedulable:
         yield Sample(ALLOCATED, device.labels, 1.0 if held.get(device.uuid) else 0.0)
     for usage in accountant.usages():
-        labels = holder_labels(usage.device.labels, usage.pod[0], usage.pod[1])
+        labels = holder(usage.device.labels, usage.pod[0], usage.pod[1])
         yield Sample(ALLOCATED_SECONDS, labels, usage.allocated)
         if accountant.has_idle_signal(usage.device.uuid):
             yield Sample(ALLOCATED_IDLE_SECONDS, labels, usage.idle)
             if usage.released_at is None:
                 yield Sample(IDLE_STREAK, labels, usage.streak)
     yield from rightsizer.samples()
+
+
+def job_info_samples(holdings: Iterable[JobHolding]) -> Iterable[Sample]:
+    """gpu_slurm_job_info: one series per job and GPU it holds."""
+    for h in holdings:
+        job = h.job
+        labels = slurm_job_labels(h.device.labels, job.job_id, job.user, job.account, job.partition)
+        yield Sample(SLURM_JOB_INFO, labels, 1)
 
 
 def sharing_samples(

@@ -54,7 +54,8 @@ from .cdi import CdiIndex, CdiReader
 from .cgroups import PodName
 from .dra import GPU_DRIVER
 from .history import HolderHistory, HolderSnapshot
-from .metrics import FAMILIES, FOLDED, SOURCE_TRANSITIONS
+from .jobgpus import JobGpus, JobHolding, JobSource, SlurmError, resolve
+from .metrics import FAMILIES, FOLDED, SOURCE_TRANSITIONS, job_labels
 from .model import Allocations, Holding, PodKey, resolve_snapshot
 from .podresources import Folded, PodResourcesClient, PodResourcesError, PodResourcesSnapshot
 from .process_activity import ContainerActivity, Owner, ProcessSample, ProcessUtilizationReader
@@ -66,6 +67,7 @@ from .samples import (
     UnresolvedCounts,
     activity_samples,
     allocation_samples,
+    job_info_samples,
     memory_samples,
     sharing_samples,
     unattributed_samples,
@@ -81,7 +83,9 @@ from .unseen import (
 
 T = TypeVar("T")
 _log = get_logger("allocation")
-_SOURCE_LABELS = label_string({"source": "pod_resources"})
+_POD_RESOURCES = label_string({"source": "pod_resources"})
+_SLURM = label_string({"source": "slurm"})
+SLURM_RESOURCE = "slurm"  # a job holding's resource (no gpu_allocation_info is published for it)
 _FOLDED_IDS = label_string({"what": "device_ids"})
 _FOLDED_HOLDERS = label_string({"what": "holders"})
 # A PID seen in a pod is remembered this long for attributing events to it (its process may have
@@ -125,7 +129,11 @@ class AllocationSubsystem:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         mig_profiles: MigProfileBook | None = None,
+        jobs: JobSource | None = None,
     ) -> None:
+        """``jobs``: a Slurm source (:mod:`.slurm`, :mod:`.jobmap`) instead of the kubelet,
+        read on ``executor`` every ``poll_interval`` within ``call_timeout``; a holder is then
+        ("", job id), and its series are labelled ``job_id`` (docs/slurm.md)."""
         self._client = PodResourcesClient(
             socket_path,
             timeout=call_timeout,
@@ -150,7 +158,15 @@ class AllocationSubsystem:
         self._compute_modes: dict[str, int] = {}
         self._clock = clock
         self._wall_clock = wall_clock
-        self._accountant = IdleAccountant(ledger, idle_threshold, pods=self._activity)
+        # A finished job's counters leave within one poll (issue 38); a pod's stay for a scrape.
+        retention = {} if jobs is None else {"retention": poll_interval}
+        self._accountant = IdleAccountant(ledger, idle_threshold, pods=self._activity, **retention)
+        self._jobs = jobs
+        self._job_answer: JobGpus | None = None
+        self._job_holdings: tuple[JobHolding, ...] = ()
+        self._job_timeout = call_timeout
+        self._source_labels = _POD_RESOURCES if jobs is None else _SLURM
+        self._source_name = "pod-resources" if jobs is None else "slurm"
         # Peak memory and the smallest fitting MIG profile per allocation (the MIG profile book).
         self._rightsizer = RightSizer(ledger, mig_profiles or MigProfileBook())
         # A tenure starts when a poll first sees it (accounted at once): one poll late at most.
@@ -252,7 +268,11 @@ class AllocationSubsystem:
     # -- the three steps (public so tests can drive them without the loops) -----------------
 
     async def poll(self) -> None:
-        """Ask the kubelet once; mark the source up or down."""
+        """Ask the kubelet (or Slurm) once; mark the source up or down."""
+        if self._jobs is not None:
+            await self._poll_jobs(self._jobs)
+            self._polled.set()
+            return
         device_ids = tuple(d.id for d in self._devices())
         devices_changed, self._device_ids = device_ids != self._device_ids, device_ids
         try:
@@ -273,13 +293,36 @@ class AllocationSubsystem:
                 self.update()  # account and publish at once rather than at the next round
         self._polled.set()
 
+    async def _poll_jobs(self, jobs: JobSource) -> None:
+        """Slurm's answer, read on the worker pool within the call timeout; a read still stuck
+        from an earlier poll is not started again beside it."""
+        if self._still_hung("jobs"):
+            self._set_down("the previous read has not returned")
+            return
+        try:
+            found = await self._executor.call(jobs.read, within=self._job_timeout)
+        except CallTimedOut as exc:
+            self._hung["jobs"] = exc.future
+            self._set_down(f"no answer within {self._job_timeout:g}s")
+            return
+        except (PoolExhausted, SlurmError) as exc:
+            self._set_down(str(exc))
+            return
+        came_up, changed = not self._up, found != self._job_answer
+        self._job_answer, self._up = found, True
+        if came_up:
+            self._transitions += 1
+            self._rlog.info("came-up", "slurm source is up", jobs=len(found.jobs))
+        if came_up or changed:
+            self.update()
+
     def update(self) -> None:
         """Resolve the last poll against the devices, account time, rebuild the samples."""
-        if not self._up or self._snapshot is None:
+        allocations = self._current() if self._up else None
+        if allocations is None:
             self._accountant.pause()
             self._dirty = True
             return
-        allocations = self._resolve(self._snapshot)
         self._note_unresolved(allocations)
         held = _held(allocations)
         for holding in self._observed:  # a pod's processes on a device it holds no allocation of
@@ -292,6 +335,27 @@ class AllocationSubsystem:
             self._publish_holders()
         self._allocations = allocations
         self._dirty = True
+
+    def _current(self) -> Allocations | None:
+        if self._jobs is None:
+            return None if self._snapshot is None else self._resolve(self._snapshot)
+        return None if self._job_answer is None else self._resolve_jobs(self._job_answer)
+
+    def _resolve_jobs(self, found: JobGpus) -> Allocations:
+        """Slurm's jobs as holdings of whole GPUs (Slurm's MIG GRES is not read)."""
+        devices = tuple(d.id for d in self._devices())
+        key = (found, devices)
+        last = self._resolved
+        if last and last[0] is found and last[1] == devices:
+            return self._allocations
+        self._resolved = key
+        resolved = resolve(found, devices)
+        self._job_holdings = resolved.holdings
+        holdings = [
+            Holding(h.device, "", h.job.job_id, "", SLURM_RESOURCE) for h in resolved.holdings
+        ]
+        whole = [d for d in devices if not d.is_mig]
+        return Allocations(holdings=holdings, schedulable=whole)
 
     def _resolve(self, snapshot: PodResourcesSnapshot) -> Allocations:
         """The snapshot against the devices; the last result while neither changed (the usual
@@ -384,11 +448,14 @@ class AllocationSubsystem:
         error = cut_reason(reason)
         if self._up:
             self._transitions += 1
-            self._warn("went-down", "pod-resources source is down; series withheld", error=error)
+            self._warn(
+                "went-down", f"{self._source_name} source is down; series withheld", error=error
+            )
         else:
-            self._warn("down", "pod-resources source unavailable", error=error)
+            self._warn("down", f"{self._source_name} source unavailable", error=error)
         self._up = False
         self._snapshot = None
+        self._job_answer = None
         self._accountant.pause()
         self._dirty = True  # withhold the allocation series from the next rendering on
 
@@ -466,19 +533,32 @@ class AllocationSubsystem:
     def _rebuild(self) -> None:
         self._dirty = False
         samples = [
-            Sample(SOURCE_UP, _SOURCE_LABELS, 1.0 if self._up else 0.0),
-            Sample(SOURCE_TRANSITIONS, _SOURCE_LABELS, float(self._transitions)),
+            Sample(SOURCE_UP, self._source_labels, 1.0 if self._up else 0.0),
+            Sample(SOURCE_TRANSITIONS, self._source_labels, float(self._transitions)),
         ]
-        folded = self._snapshot.folded if self._snapshot is not None else Folded()
-        samples.append(Sample(FOLDED, _FOLDED_IDS, float(folded.device_ids)))
-        samples.append(Sample(FOLDED, _FOLDED_HOLDERS, float(folded.holders)))
-        samples.extend(self._unresolved.samples())
+        if self._jobs is None:
+            folded = self._snapshot.folded if self._snapshot is not None else Folded()
+            samples.append(Sample(FOLDED, _FOLDED_IDS, float(folded.device_ids)))
+            samples.append(Sample(FOLDED, _FOLDED_HOLDERS, float(folded.holders)))
+            samples.extend(self._unresolved.samples())
         if self._up:
             allocations = self._allocations
-            observed = self._observed_now(allocations)
-            samples.extend(
-                allocation_samples(allocations, self._accountant, self._rightsizer, observed)
-            )
+            if self._jobs is None:
+                observed = self._observed_now(allocations)
+                samples.extend(
+                    allocation_samples(allocations, self._accountant, self._rightsizer, observed)
+                )
+            else:
+                samples.extend(
+                    allocation_samples(
+                        allocations,
+                        self._accountant,
+                        self._rightsizer,
+                        holder=job_labels,
+                        info=False,
+                    )
+                )
+                samples.extend(job_info_samples(self._job_holdings))
             gpus = [d.id for d in self._devices() if not d.id.is_mig]
             samples.extend(sharing_samples(gpus, allocations, self._mps, self._compute_modes))
         samples.extend(self._memory)
