@@ -1074,6 +1074,7 @@ def cost() -> dict[str, Any]:
             "none",
             width=24,
         ),
+        *_slurm_row(),
     ]
     variables = _variables(
         _query_variable("namespace", "Namespace", "label_values(gpu_allocation_info, namespace)"),
@@ -1087,6 +1088,61 @@ def cost() -> dict[str, Any]:
         items,
         variables,
     )
+
+
+def _slurm_row() -> list[Item]:
+    """Slurm nodes (--allocation.source=slurm): idle GPU-hours and cost per account, user and
+    partition, and the jobs holding GPUs idle (docs/slurm.md)."""
+    items: list[Item] = [Row("Slurm jobs")]
+    for level in ("account", "user", "partition"):
+        items.append(
+            Panel(
+                "bargauge",
+                f"Idle GPU-hours by {level} (time range)",
+                [
+                    Query(
+                        f"sort_desc(sum by ({level}) (avg_over_time({level}:gpu_slurm_idle:rate5m"
+                        "[$__range])) * $__range_s / 3600)",
+                        "{{" + level + "}}",
+                        instant=True,
+                    )
+                ],
+                GPU_HOURS,
+                width=8,
+                description=f"GPU-hours Slurm jobs held idle over the range, by {level}.",
+            )
+        )
+    for level in ("account", "user", "partition"):
+        items.append(
+            Panel(
+                "timeseries",
+                f"Idle cost per hour by {level}",
+                [Query(f"{level}:gpu_slurm_idle_cost_per_hour:rate5m", "{{" + level + "}}")],
+                "none",
+                width=8,
+                stack=True,
+            )
+        )
+    items.append(
+        Panel(
+            "table",
+            "Jobs holding GPUs idle",
+            [
+                Query(
+                    "sort_desc(max by (instance, gpu, job_id, user, account, partition) ("
+                    'gpu_allocation_idle_streak_seconds{job_id!=""}'
+                    " * on (instance, job, uuid, job_id) group_left (user, account, partition)"
+                    " gpu_slurm_job_info) > 600)",
+                    instant=True,
+                )
+            ],
+            "s",
+            width=24,
+            description="Running jobs whose GPU has been idle for over 10 minutes, longest "
+            "first (GPUSlurmJobIdle fires past an hour).",
+        )
+    )
+    return items
 
 
 DASHBOARDS = {
