@@ -4,6 +4,7 @@ and go, and a source that fails or hangs goes down."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from pathlib import Path
@@ -29,11 +30,13 @@ class Jobs:
     def __init__(self) -> None:
         self.answer: JobGpus | Exception = job_gpus([], GpuOrder.NVML)
         self.release = threading.Event()
+        self.returned = threading.Event()
         self.hang = False
 
     def read(self) -> JobGpus:
         if self.hang:
             self.release.wait(30)
+            self.returned.set()
         if isinstance(self.answer, Exception):
             raise self.answer
         return self.answer
@@ -113,9 +116,15 @@ async def test_a_failing_or_hung_source_goes_down_and_withholds_the_jobs(pool: W
     jobs.hang = True
     await sub.poll()  # given up after call_timeout, on the worker pool
     assert series(sub.samples())[SOURCE_UP] == 0
-    jobs.release.set()
+    await sub.poll()  # the stuck read is not started again beside itself
+    assert series(sub.samples())[SOURCE_UP] == 0
     jobs.hang = False
-    await sub.poll()
+    jobs.release.set()
+    await asyncio.to_thread(jobs.returned.wait, 10)
+    for _ in range(100):  # its future completes on the worker just after the read returns
+        await sub.poll()
+        if sub.up:
+            break
     assert series(sub.samples())[SOURCE_UP] == 1
     await sub.stop()
     counted = series(sub.samples())['gpu_exporter_source_transitions_total{source="slurm"}']
