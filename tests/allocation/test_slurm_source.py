@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from gpu_exporter.allocation.jobgpus import GpuOrder, JobGpus, SlurmError, SlurmJob, job_gpus
+from gpu_exporter.allocation.processes import GpuProcess
 from gpu_exporter.allocation.subsystem import AllocationSubsystem
 from gpu_exporter.devices import Device
 from gpu_exporter.ledger import ActivityLedger
@@ -18,6 +19,7 @@ from gpu_exporter.nvml import WorkerPool
 from .helpers import GPU_A, GPU_C, GPU_D, FakeClock, named, series
 
 SOURCE_UP = 'gpu_exporter_source_up{source="slurm"}'
+GIB = 1 << 30
 
 
 def whole_gpus() -> list[Device]:
@@ -129,3 +131,42 @@ async def test_a_failing_or_hung_source_goes_down_and_withholds_the_jobs(pool: W
     await sub.stop()
     counted = series(sub.samples())['gpu_exporter_source_transitions_total{source="slurm"}']
     assert counted == 3  # up, down, up
+
+
+async def test_processes_are_split_per_job_through_their_cgroup(
+    pool: WorkerPool, tmp_path: Path
+) -> None:
+    """Two jobs time-share GPU 0: each process's job_<id> cgroup (cgroup v2 layout) names its
+    job; a process in no job (a host daemon) is in none."""
+    proc = tmp_path / "proc"
+    cgroups = {
+        100: "0::/system.slice/slurmstepd.scope/job_42/step_0/user/task_0\n",
+        101: "0::/system.slice/slurmstepd.scope/job_43/step_batch/user/task_0\n",
+        102: "0::/system.slice/nvidia-persistenced.service\n",
+    }
+    for pid, text in cgroups.items():
+        (proc / str(pid)).mkdir(parents=True)
+        (proc / str(pid) / "cgroup").write_text(text)
+    jobs, clock = Jobs(), FakeClock()
+    jobs.hold(SlurmJob("42", (0,)), SlurmJob("43", (0,)))
+    used = [GpuProcess(100, 3 * GIB), GpuProcess(101, GIB), GpuProcess(102, GIB)]
+    sub = AllocationSubsystem(
+        socket_path=Path("/nonexistent"),
+        devices=whole_gpus,
+        ledger=ActivityLedger(),
+        executor=pool,
+        proc_path=proc,
+        pod_logs_path=tmp_path / "pods",
+        process_lister=lambda device: used if device.uuid == GPU_A.uuid else [],
+        clock=clock,
+        jobs=jobs,
+    )
+    await sub.poll()
+    await sub.scan_processes()
+    values = series(sub.samples())
+    await sub.stop()
+    assert named(values, "gpu_container_memory_used_bytes") == {
+        f'gpu_container_memory_used_bytes{{gpu="0",uuid="{GPU_A.uuid}",job_id="42"}}': 3 * GIB,
+        f'gpu_container_memory_used_bytes{{gpu="0",uuid="{GPU_A.uuid}",job_id="43"}}': GIB,
+    }
+    assert sub.holder(GPU_A.uuid, time.time(), pid=101) == ("", "43"), "a PID singles out its job"

@@ -58,7 +58,8 @@ class UnresolvedCounts:
             yield Sample(UNRESOLVED, label_string({"reason": reason}), float(total))
 
 
-HolderLabels = Callable[[str, str, str], str]  # (device labels, namespace, pod) -> labels
+# (device labels, namespace, pod[, container]) -> labels: holder_labels, or job_labels
+HolderLabels = Callable[..., str]
 
 
 def allocation_samples(
@@ -112,12 +113,14 @@ def sharing_samples(
         yield Sample(SHARING_INFO, mode_labels(gpu.labels, mode), 1)
 
 
-def activity_samples(activity: ContainerActivity) -> Iterable[Sample]:
+def activity_samples(
+    activity: ContainerActivity, holder: HolderLabels = holder_labels
+) -> Iterable[Sample]:
     unattributed = {unattributed_owner(c) for c in UNATTRIBUTED}
     for owner in activity.owners():
         if owner.owner in unattributed:
             continue  # published per class (unattributed_samples)
-        labels = holder_labels(owner.device.labels, *owner.owner)
+        labels = holder(owner.device.labels, *owner.owner)
         yield Sample(CONTAINER_SM_ACTIVE, labels, owner.sm_ratio)
         yield Sample(CONTAINER_SM_ACTIVE_SECONDS, labels, owner.sm_seconds)
         yield Sample(CONTAINER_MEMORY_BANDWIDTH, labels, owner.memory_ratio)
@@ -125,12 +128,13 @@ def activity_samples(activity: ContainerActivity) -> Iterable[Sample]:
 
 def memory_samples(
     memory: Mapping[tuple[DeviceId, str, str, str], list[int | None]],
+    holder: HolderLabels = holder_labels,
 ) -> Iterable[Sample]:
     for (device, namespace, pod, container), used in memory.items():
         known = [u for u in used if u is not None]
         if not known:
             continue  # the driver could not say: withhold rather than report 0
-        labels = holder_labels(device.labels, namespace, pod, container)
+        labels = holder(device.labels, namespace, pod, container)
         yield Sample(CONTAINER_MEMORY, labels, float(sum(known)))
 
 

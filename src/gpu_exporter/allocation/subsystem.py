@@ -34,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import time
-from collections.abc import Callable, Coroutine, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -55,7 +55,8 @@ from .cgroups import PodName
 from .dra import GPU_DRIVER
 from .history import HolderHistory, HolderSnapshot
 from .jobgpus import JobGpus, JobHolding, JobSource, SlurmError, resolve
-from .metrics import FAMILIES, FOLDED, SOURCE_TRANSITIONS, job_labels
+from .jobprocs import read_process_jobs
+from .metrics import FAMILIES, FOLDED, SOURCE_TRANSITIONS, holder_labels, job_labels
 from .model import Allocations, Holding, PodKey, resolve_snapshot
 from .podresources import Folded, PodResourcesClient, PodResourcesError, PodResourcesSnapshot
 from .process_activity import ContainerActivity, Owner, ProcessSample, ProcessUtilizationReader
@@ -64,6 +65,7 @@ from .rightsizing import FAMILIES as RIGHTSIZING_FAMILIES
 from .rightsizing import RightSizer
 from .samples import (
     UNKNOWN_DEVICE_ID,
+    HolderLabels,
     UnresolvedCounts,
     activity_samples,
     allocation_samples,
@@ -167,6 +169,7 @@ class AllocationSubsystem:
         self._job_timeout = call_timeout
         self._source_labels = _POD_RESOURCES if jobs is None else _SLURM
         self._source_name = "pod-resources" if jobs is None else "slurm"
+        self._holder_labels: HolderLabels = holder_labels if jobs is None else job_labels
         # Peak memory and the smallest fitting MIG profile per allocation (the MIG profile book).
         self._rightsizer = RightSizer(ledger, mig_profiles or MigProfileBook())
         # A tenure starts when a poll first sees it (accounted at once): one poll late at most.
@@ -383,6 +386,11 @@ class AllocationSubsystem:
             self._compute_mode,
             self._held_pod_uids(),
         )
+        if self._jobs is not None:  # processes belong to jobs, not pods
+            found = await self._run("scan", partial(_scan_jobs, job, self._proc_path))
+            if found is not None:
+                self._apply_scan(*found)
+            return
         result = await self._run("scan", job)
         if result is not None:
             self._apply_scan(result)
@@ -459,7 +467,9 @@ class AllocationSubsystem:
         self._accountant.pause()
         self._dirty = True  # withhold the allocation series from the next rendering on
 
-    def _apply_scan(self, result: ScanResult) -> None:
+    def _apply_scan(self, result: ScanResult, jobs: Mapping[int, str] | None = None) -> None:
+        """``jobs``: on a Slurm node, PID -> job id (:mod:`.jobprocs`); a process outside any
+        job is skipped like a host process."""
         if result.pods:
             self._pod_names = result.pods
         if result.failed:
@@ -476,6 +486,14 @@ class AllocationSubsystem:
         classified: list[ClassifiedProcess] = []
         self._unattributed_pids = {}
         for process in result.processes:
+            if jobs is not None:
+                job_id = jobs.get(process.pid)
+                if job_id is not None:
+                    self._pids[process.pid] = _PidOwner(("", job_id), now)
+                    memory.setdefault((process.device, "", job_id, ""), []).append(
+                        process.used_bytes
+                    )
+                continue
             process_class, pod = classify(process, self._pod_names, listed, held)
             names = self._pod_names.get(process.owner.pod_uid) if process.owner else None
             if pod is None or names is None or process_class in UNATTRIBUTED:
@@ -492,7 +510,7 @@ class AllocationSubsystem:
         self._observed = observed_holdings(classified)
         self._unattributed.update(classified)
         self._publish_holders(history_changed=False)
-        self._memory = list(memory_samples(memory))
+        self._memory = list(memory_samples(memory, self._holder_labels))
         self._rightsizer.observe_memory(memory)
         self._dirty = True
 
@@ -562,7 +580,7 @@ class AllocationSubsystem:
             gpus = [d.id for d in self._devices() if not d.id.is_mig]
             samples.extend(sharing_samples(gpus, allocations, self._mps, self._compute_modes))
         samples.extend(self._memory)
-        samples.extend(activity_samples(self._activity))
+        samples.extend(activity_samples(self._activity, self._holder_labels))
         sampled = [d.id for d in self._devices() if not d.id.is_mig and d.id.mig_mode != "enabled"]
         samples.extend(unattributed_samples(sampled, self._unattributed, self._activity))
         self._samples = samples
@@ -584,6 +602,14 @@ def cut_reason(reason: str) -> str:
     if len(escaped) <= REASON_CHARS:
         return escaped
     return f"{escaped[:REASON_CHARS]}... ({len(escaped) - REASON_CHARS} more)"
+
+
+def _scan_jobs(
+    scan_job: Callable[[], ScanResult], proc_path: Path
+) -> tuple[ScanResult, dict[int, str]]:
+    """A process scan, and the job each of its processes runs in (worker thread)."""
+    result = scan_job()
+    return result, read_process_jobs(proc_path, {p.pid for p in result.processes})
 
 
 def _read_samples(
