@@ -118,12 +118,10 @@ async def test_a_container_with_300000_device_ids_keeps_a_bounded_number(
 
 def test_ids_a_plugin_writes_are_kept_before_invented_ones() -> None:
     """An answer past the bound of distinct devices keeps the real devices' holders."""
-    invented = [
-        ContainerDevices("x", f"p{i}", "c", "nvidia.com/gpu", (f"000-{i}",)) for i in range(500)
-    ]
-    real = ContainerDevices("ml", "train", "c", "nvidia.com/gpu", (UUID_A,))
+    invented = [("x", f"p{i}", "c", "nvidia.com/gpu", (f"000-{i}",)) for i in range(500)]
+    real = ("ml", "train", "c", "nvidia.com/gpu", (UUID_A,))
     containers, _, folded = podresources._bounded([*invented, real], [], 0)
-    assert real in containers
+    assert ContainerDevices(*real) in containers
     assert folded.holders == 500 - (podresources.MAX_DEVICES - 1)
 
 
