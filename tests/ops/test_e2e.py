@@ -75,6 +75,9 @@ E2E_RULE_FILES = (*RULE_FILES, COMPAT_RULES)
 DCGM_DASHBOARD = Path(__file__).parent / "data" / "dcgm_exporter_dashboard.yml"
 
 XID_METRICS = ("gpu_xid", "gpu_drain_recommended", "class:gpu_xid")
+# The simulated fleet has no Slurm node: the cost dashboard's Slurm row has no data here (its
+# rules are checked with data by alerts/tests/slurm_rules_test.yml).
+SLURM_METRICS = ("gpu_slurm_",)
 ALLOCATION_METRICS = (
     "gpu_alloc",
     "gpu_container_",
@@ -382,7 +385,10 @@ async def test_the_idle_notebook_is_reported_to_its_team(stack: Stack) -> None:
 
 
 async def test_every_dashboard_query_parses_and_returns_data(stack: Stack) -> None:
-    queries = dashboard_queries()
+    every = dashboard_queries()
+    queries = [q for q in every if not any(m in q[2] for m in SLURM_METRICS)]
+    for _, _, expr in every:
+        await stack.query(expr)  # the Slurm row's queries still parse and evaluate
     waiting: list[tuple[str, str, str]] = []
     deferred: list[str] = []
     deadline = time.monotonic() + DEADLINE
