@@ -559,6 +559,9 @@ async def test_every_panel_rule_and_alert_answers_as_it_did_before(stack: Stack)
     recorded = answers.load()
     current = dict(queries) | {f"rule:{name}": name for name in records}
     current = {key: expr for key, expr in current.items() if key not in NEW_SINCE_RECORD}
+    # The fleet has no Slurm node: the Slurm row and rules answer nothing here, and are checked
+    # with data by alerts/tests/slurm_rules_test.yml instead.
+    current = {k: e for k, e in current.items() if not any(m in e for m in SLURM_METRICS)}
     unrecorded = sorted(set(current) - set(recorded) - set(BASELINE_FOR))
     assert not unrecorded, f"queries with no recorded answer (record them on main): {unrecorded}"
     expected = {
