@@ -376,6 +376,33 @@ def fleet() -> dict[str, Any]:
             "percentunit",
             description="NVML utilisation minus SM activity per device (5m), largest first.",
         ),
+        Panel(
+            "timeseries",
+            "Held GPUs' SM activity shape",
+            [
+                Query(
+                    "sum by (band) (rate(gpu_allocation_sm_activity_band_seconds_total[5m])) "
+                    "/ ignoring (band) group_left () "
+                    "sum(rate(gpu_allocation_sm_activity_band_seconds_total[5m]))",
+                    "{{band}}",
+                )
+            ],
+            "percentunit",
+            max=1,
+            stack=True,
+            description="Share of held time whose SM activity was low (<10%), mid (10-50%) "
+            "or high (>50%), judged per sample interval. The same mean can be bursts and gaps "
+            "(high + low: input-starved) or steady small kernels (mid: a MIG slice may fit).",
+        ),
+        Panel(
+            "table",
+            "Holders' SM activity bands (1h)",
+            [Query("holder:gpu_sm_band:ratio_rate1h", instant=True)],
+            "percentunit",
+            description="Per pod and device, the share of the last hour in each band. "
+            'holder:gpu_sm_shape:info names the shape: "starved" (high and low, little mid, '
+            'still bursting: GPUHolderInputStarved) or "steady_low" (mid dominates).',
+        ),
         Row("NVLink domains"),
         Panel(
             "stat",
@@ -399,6 +426,36 @@ def fleet() -> dict[str, Any]:
             description="Per NVLink domain: `<cluster_uuid>/<clique_id>` of a fabric clique "
             "(GB200 NVL72), else the node. A job needing N GPUs in one domain fits where free "
             ">= N.",
+        ),
+        Row("Placement"),
+        Panel(
+            "table",
+            "Multi-GPU pods: weakest path and the best the node had",
+            [Query("gpu_allocation_path_info", instant=True)],
+            "none",
+            description="For each pod of two or more GPUs on a node, read once per allocation "
+            "change: path is the weakest link between its GPUs (nvlink, pcie_switch, "
+            "pcie_host_bridge, numa, system), best_path the best as many free GPUs and its own "
+            "had. path != nvlink with best_path = nvlink: GPUPodMissedNVLink.",
+        ),
+        Panel(
+            "table",
+            "Pods per NVLink domain",
+            [Query("namespace_pod:gpu_nvlink_domain:info", instant=True)],
+            "none",
+            description="The NVLink domain of each pod's GPUs (a fabric clique, else the node). "
+            "workload:gpu_fabric_cliques:count counts a workload's cliques (its pods' job-name "
+            "label, else their owner): more than one is GPUWorkloadSpansNVLinkDomains.",
+        ),
+        Panel(
+            "table",
+            "Containers' CPUs on their GPU's NUMA node",
+            [Query("gpu_allocation_numa_aligned_ratio", instant=True)],
+            "percentunit",
+            width=24,
+            description="Share of each container's exclusive CPUs (the kubelet's static CPU "
+            "manager) on the NUMA node of the GPU it holds; containers without exclusive CPUs "
+            "are not listed. 0 on every GPU a container holds: GPUContainerCPUsOffGPUNUMANode.",
         ),
     ]
     variables = _variables(
@@ -653,6 +710,40 @@ def node() -> dict[str, Any]:
                     ],
                 }
             },
+        ),
+        Row("Placement"),
+        Panel(
+            "table",
+            "Multi-GPU pods: weakest path and best available",
+            [Query("gpu_allocation_path_info{" + INSTANCE + "}", instant=True)],
+            "none",
+            width=12,
+            description="path: the weakest link between the pod's GPUs; best_path: the best "
+            "as many GPUs among the free ones and its own had (read once per allocation change).",
+        ),
+        Panel(
+            "table",
+            "CPUs on the GPU's NUMA node",
+            [Query("gpu_allocation_numa_aligned_ratio{" + SEL + "}", instant=True)],
+            "percentunit",
+            width=12,
+            description="Share of the container's exclusive CPUs on the GPU's NUMA node "
+            "(absent without the static CPU manager).",
+        ),
+        Panel(
+            "timeseries",
+            "SM activity bands per holder",
+            [
+                Query(
+                    "rate(gpu_allocation_sm_activity_band_seconds_total{" + SEL + "}[5m])",
+                    "{{namespace}}/{{pod}} gpu {{gpu}} {{band}}",
+                )
+            ],
+            "percentunit",
+            width=24,
+            max=1,
+            description="Share of the holder's time in each SM activity band: a starved pod "
+            "splits between high and low, steady small kernels sit in mid.",
         ),
     ]
     variables = _variables(

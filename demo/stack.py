@@ -88,8 +88,8 @@ def shorten_rules(
     idle_threshold_seconds: float | None = None,
 ) -> dict[str, Any]:
     """A copy of a rule file with every range and offset set to ``window``, ``for:`` and
-    ``keep_firing_for:`` capped at ``longest_for`` and, when given, the idle-allocation
-    threshold replaced.
+    ``keep_firing_for:`` capped at ``longest_for``, a group's own evaluation ``interval`` left
+    to the global one and, when given, the idle-allocation threshold replaced.
 
     The rule names stay (``...:rate5m`` then means "over ``window``"): it is the same expressions
     on a time scale a test can wait for.
@@ -107,6 +107,7 @@ def shorten_rules(
 
     out = copy.deepcopy(dict(doc))
     for group in out["groups"]:
+        group.pop("interval", None)
         for rule in group["rules"]:
             expr = _OFFSET.sub(short_offset, _RANGE.sub(short_range, str(rule["expr"])))
             if rule.get("record") == IDLE_THRESHOLD_RULE and idle_threshold_seconds is not None:

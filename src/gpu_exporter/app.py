@@ -326,6 +326,7 @@ def _build_allocation(
         process_interval=5.0 if config.container_memory else None,
         errors=errors,
         **{"poll_interval": config.pod_resources_interval, **_slurm_source(config)},
+        sysfs_path=config.sysfs_path,
     )
 
 

@@ -20,9 +20,11 @@ from gpu_exporter.allocation.podresources import (
     GET_ALLOCATABLE,
     LIST,
     ClaimDevice,
+    ContainerCpus,
     ContainerDevices,
     read_allocatable,
     read_list,
+    read_pods,
 )
 from gpu_exporter.allocation.proto import podresources_pb2 as pb
 from gpu_exporter.simulator.podresources_server import allocatable_response, list_response
@@ -122,6 +124,35 @@ def test_a_share_id_set_to_empty_is_not_absent() -> None:
     resource = parsed.pod_resources[0].containers[0].dynamic_resources[0].claim_resources[0]
     assert resource.HasField("share_id")
     assert read_list(written)[1] == [claim]
+
+
+def test_cpu_ids_and_memory_nodes_are_read_per_container_as_the_kubelet_lists_them() -> None:
+    # What a kubelet with the static CPU manager and the memory manager sends: a container's
+    # memory per type (memory, hugepages), each with its NUMA nodes.
+    node = pb.TopologyInfo(nodes=[pb.NUMANode(ID=1)])
+    container = pb.ContainerResources(
+        name="trainer",
+        devices=[pb.ContainerDevices(resource_name="nvidia.com/gpu", device_ids=["GPU-a"])],
+        cpu_ids=[33, 32, 34],
+        memory=[
+            pb.ContainerMemory(memory_type="memory", size=1 << 30, topology=node),
+            pb.ContainerMemory(memory_type="hugepages-1Gi", size=1 << 30, topology=node),
+        ],
+    )
+    plain = pb.ContainerResources(name="sidecar", cpu_ids=[])
+    pod = pb.PodResources(name="p", namespace="ml", containers=[container, plain])
+    data = pb.ListPodResourcesResponse(pod_resources=[pod]).SerializeToString()
+    _, _, cpus = read_pods(data)
+    assert cpus == [ContainerCpus("ml", "p", "trainer", (32, 33, 34), (1,))], (
+        "the sidecar lists neither: no entry, so its alignment is absent"
+    )
+
+
+def test_the_simulated_kubelet_writes_cpu_assignments_that_read_back() -> None:
+    devices = [ContainerDevices("ml", "p", "trainer", "nvidia.com/gpu", ("GPU-a",))]
+    cpus = [ContainerCpus("ml", "p", "trainer", (0, 1, 2), (0,))]
+    written = list_response(devices, (), cpus).SerializeToString()
+    assert read_pods(written) == (devices, [], cpus)
 
 
 @pytest.mark.parametrize(

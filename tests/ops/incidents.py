@@ -22,7 +22,8 @@ PCIE_DOWNTRAIN = {"type": "pcie_downtrain", "gpu": 1, "width": 8}
 
 def pod_labels_exposition() -> str:
     """kube-state-metrics' ``kube_pod_labels`` for every pod the scenarios allocate, each in the
-    Kueue LocalQueue ``<namespace>-queue`` (as with --metric-labels-allowlist)."""
+    Kueue LocalQueue ``<namespace>-queue`` (as with --metric-labels-allowlist), and its
+    ``kube_pod_owner``."""
     pods = {
         (item["namespace"], item["pod"])
         for path in SCENARIOS.values()
@@ -33,7 +34,19 @@ def pod_labels_exposition() -> str:
         f'label_kueue_x_k8s_io_queue_name="{ns}-queue"}} 1'
         for ns, pod in sorted(pods)
     ]
-    return "# TYPE kube_pod_labels gauge\n" + "\n".join(lines) + "\n"
+    # Each pod owned by a workload named as the pod without its ordinal (trainer-0: trainer).
+    owners = [
+        f'kube_pod_owner{{namespace="{ns}",pod="{pod}",uid="{ns}-{pod}",owner_kind="StatefulSet",'
+        f'owner_name="{pod.rsplit("-", 1)[0]}",owner_is_controller="true"}} 1'
+        for ns, pod in sorted(pods)
+    ]
+    return (
+        "# TYPE kube_pod_labels gauge\n"
+        + "\n".join(lines)
+        + "\n# TYPE kube_pod_owner gauge\n"
+        + "\n".join(owners)
+        + "\n"
+    )
 
 
 async def kube_state_metrics(request: web.Request) -> web.Response:

@@ -85,6 +85,7 @@ LEVEL_LABELS = {
     "account": {"account"},
     "user": {"user"},
     "partition": {"partition"},
+    "workload": {"namespace", "workload"},
     "instance": TARGET,
     "instance_reason": TARGET | {"reason"},
     "instance_domain": TARGET | {"domain"},

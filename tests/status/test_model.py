@@ -133,3 +133,37 @@ def test_escaped_label_values_are_read_back_as_written() -> None:
     series = read_exposition('m{a="x\\"y\\\\z\\nw",b=""} 2\nbroken{a="x} 1\n')
     assert series.of("m") == [({"a": 'x"y\\z\nw', "b": ""}, 2.0)]
     assert series.of("broken") == [], "a line that does not parse is skipped, not guessed"
+
+
+PLACED = textwrap.dedent(
+    f"""\
+    gpu_info{{gpu="0",uuid="{GPU0}",model="NVIDIA L40S"}} 1
+    gpu_info{{gpu="1",uuid="{GPU1}",model="NVIDIA L40S"}} 1
+    gpu_allocation_info{{gpu="0",uuid="{GPU0}",namespace="ml",pod="tp-split",container="trainer",resource="nvidia.com/gpu"}} 1
+    gpu_allocation_info{{gpu="1",uuid="{GPU1}",namespace="ml",pod="tp-split",container="trainer",resource="nvidia.com/gpu"}} 1
+    gpu_allocation_path_info{{namespace="ml",pod="tp-split",path="system",best_path="pcie_switch"}} 1
+    gpu_allocation_numa_aligned_ratio{{gpu="1",uuid="{GPU1}",namespace="ml",pod="tp-split",container="trainer"}} 0
+    gpu_allocation_sm_activity_band_seconds_total{{gpu="0",uuid="{GPU0}",namespace="ml",pod="tp-split",band="low"}} 30
+    gpu_allocation_sm_activity_band_seconds_total{{gpu="0",uuid="{GPU0}",namespace="ml",pod="tp-split",band="mid"}} 0
+    gpu_allocation_sm_activity_band_seconds_total{{gpu="0",uuid="{GPU0}",namespace="ml",pod="tp-split",band="high"}} 10
+    """
+)
+
+
+def test_a_holder_shows_its_pods_path_its_numa_alignment_and_its_activity_shape() -> None:
+    rows = build_status(
+        read_exposition(PLACED), version="0.1.0", ready=True, healthy=True, problems=()
+    ).devices
+    (first,), (second,) = rows[0].holders, rows[1].holders
+    assert (first.path, first.best_path) == ("system", "pcie_switch"), "the pod's, on each GPU"
+    assert first.numa_aligned is None, "no CPU ids listed for this GPU: absent, not zero"
+    assert second.numa_aligned == 0.0
+    assert first.sm_bands is not None
+    assert (first.sm_bands.low, first.sm_bands.mid, first.sm_bands.high) == (0.75, 0.0, 0.25)
+    assert second.sm_bands is None, "no band signal on that GPU"
+    html = render_html(
+        build_status(read_exposition(PLACED), version="", ready=True, healthy=True, problems=())
+    )
+    assert "path system (best pcie_switch)" in html
+    assert "NUMA 0%" in html
+    assert "SM low/mid/high 75/0/25%" in html

@@ -17,16 +17,22 @@ pod on it accrues idle time together, and none while another pod keeps it busy.
 The signal is SM activity (GPM) where the device has it, else NVML utilisation ("a kernel was
 resident", which over-reports activity, so under-reports idle). A device with neither (a MIG
 instance without GPM) accrues allocated time only and publishes no idle series.
+
+The same intervals, where the signal is SM activity and the device rule classifies them, also
+credit the holder's SM activity bands (``ledger.sm_band``, as the per-GPU band counters judge the
+same intervals): a holder that idles between bursts splits between high and low, one that runs
+small kernels steadily sits in mid, whatever their means. A holder classified by its own
+processes' share (a shared device) has no bands: the device's shape is not its own.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from ..devices import DeviceId, idle_activity_source
-from ..ledger import ActivityKind, ActivityLedger, ActivityPoint
+from ..ledger import SM_BANDS, ActivityKind, ActivityLedger, ActivityPoint, sm_band
 from .model import PodKey
 
 
@@ -57,6 +63,8 @@ class PodUsage:
     streak: float = 0.0
     released_at: float | None = None
     own: tuple[float, float] | None = None  # (at, seconds) of its own activity, shared devices
+    # Seconds in each SM activity band (SM_BANDS); None until an SM interval was credited.
+    bands: list[float] | None = field(default=None)
 
 
 @dataclass
@@ -146,8 +154,10 @@ class IdleAccountant:
             return
         if interval is None:
             return
+        state = self._activity.get(device.uuid)
+        banded = state is not None and state.kind is ActivityKind.SM_ACTIVE
         for usage in usages:
-            self._count(usage, *interval)
+            self._count(usage, *interval, banded=banded)
 
     def _classify_own(self, device: DeviceId, usages: list[PodUsage]) -> bool:
         """Each pod by its own processes' activity; False when the device has none sampled."""
@@ -162,12 +172,19 @@ class IdleAccountant:
             self._count(usage, previous[0], until, (seconds - previous[1]) / (until - previous[0]))
         return True
 
-    def _count(self, usage: PodUsage, start: float, end: float, mean: float) -> None:
-        """Classify ``[start, end]`` (mean activity ``mean``) for one pod, once."""
+    def _count(
+        self, usage: PodUsage, start: float, end: float, mean: float, *, banded: bool = False
+    ) -> None:
+        """Classify ``[start, end]`` (mean activity ``mean``) for one pod, once; ``banded``: the
+        mean is SM activity, credited to the pod's band."""
         lo = max(start, usage.classified_until)
         if end <= lo:
             return
         usage.classified_until = end
+        if banded:
+            if usage.bands is None:
+                usage.bands = [0.0] * len(SM_BANDS)
+            usage.bands[sm_band(mean)] += end - lo
         if mean < self._threshold:
             span = min(end - lo, usage.allocated - usage.idle)
             usage.idle += max(0.0, span)

@@ -49,6 +49,27 @@ SHARING_INFO = gauge(
     "gpu_sharing_info",
     "How the GPU is shared (mode: exclusive, time_slicing, mps, mig, unallocated); always 1.",
 )
+PATH_INFO = gauge(
+    "gpu_allocation_path_info",
+    "The weakest path between any two GPUs a pod holds on the node (path: nvlink, pcie_switch, "
+    "pcie_host_bridge, numa, system), and the best any as many GPUs among the free ones and its "
+    "own had (best_path), read once per allocation change; pods of two or more GPUs; always 1.",
+)
+NUMA_ALIGNED = gauge(
+    "gpu_allocation_numa_aligned_ratio",
+    "Fraction of the container's CPUs (the kubelet's static CPU manager) on the NUMA node of the "
+    "device's GPU; absent when the kubelet lists no CPU ids for the container.",
+)
+MEMORY_NUMA_ALIGNED = gauge(
+    "gpu_allocation_memory_numa_aligned_ratio",
+    "Fraction of the container's memory NUMA nodes (the kubelet's memory manager) that are the "
+    "device's GPU's node; absent when the kubelet lists none.",
+)
+SM_BAND_SECONDS = counter(
+    "gpu_allocation_sm_activity_band_seconds_total",
+    "Seconds the pod held the device with SM activity in each band (low: below 10%, mid: "
+    "10-50%, high: above 50%), judged per sample interval like gpu_sm_activity_band_seconds_total.",
+)
 
 UNATTRIBUTED_MEMORY = gauge(
     "gpu_unattributed_memory_used_bytes",
@@ -101,6 +122,10 @@ FAMILIES = (
     FOLDED,
     SOURCE_TRANSITIONS,
     SLURM_JOB_INFO,
+    PATH_INFO,
+    NUMA_ALIGNED,
+    MEMORY_NUMA_ALIGNED,
+    SM_BAND_SECONDS,
 )
 
 
@@ -158,6 +183,11 @@ def class_labels(device_labels: str, process_class: str) -> str:
 @lru_cache(maxsize=1024)
 def mode_labels(device_labels: str, mode: str) -> str:
     return join_labels(device_labels, label_string({"mode": mode}))
+
+
+@lru_cache(maxsize=8192)
+def band_labels(holder: str, band: str) -> str:
+    return join_labels(holder, label_string({"band": band}))
 
 
 @lru_cache(maxsize=8192)

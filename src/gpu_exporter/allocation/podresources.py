@@ -86,6 +86,22 @@ class Folded:
 
 
 @dataclass(frozen=True)
+class ContainerCpus:
+    """The CPUs and memory NUMA nodes the kubelet's static CPU manager and memory manager gave one
+    container (``cpu_ids``, each ``memory[].topology.nodes[].ID``); listed only when not empty."""
+
+    namespace: str
+    pod: str
+    container: str
+    cpu_ids: tuple[int, ...] = ()
+    memory_numa_nodes: tuple[int, ...] = ()
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.namespace, self.pod, self.container)
+
+
+@dataclass(frozen=True)
 class PodResourcesSnapshot:
     """One poll: devices held by containers, and the devices the kubelet can hand out.
 
@@ -100,6 +116,7 @@ class PodResourcesSnapshot:
     # of a running pod that holds nothing from a zombie of a deleted one (docs/allocation.md).
     pods: frozenset[tuple[str, str]] = frozenset()
     folded: Folded = Folded()
+    cpus: tuple[ContainerCpus, ...] = ()  # containers with CPU ids or memory nodes
 
 
 class PodResourcesError(RuntimeError):
@@ -203,15 +220,16 @@ class PodResourcesClient:
         last = self._last
         if last is not None and answer == self._last_list:
             # the same answer: not read again
-            containers, claims, pods, folded = last.containers, last.claims, last.pods, last.folded
+            containers, claims, pods = last.containers, last.claims, last.pods
+            folded, cpus = last.folded, last.cpus
         else:
-            containers, claims, pods, folded = await _decoded(read_holdings, answer)
+            containers, claims, pods, folded, cpus = await _decoded(read_holdings, answer)
         if last is not None and not refresh and self._current(last, containers, claims):
             allocatable = last.allocatable
         else:
             allocatable = await self._allocatable()
             self._allocatable_at = self._clock()
-        return PodResourcesSnapshot(containers, allocatable, claims, pods, folded), answer
+        return PodResourcesSnapshot(containers, allocatable, claims, pods, folded, cpus), answer
 
     def _current(
         self,
@@ -255,6 +273,15 @@ def read_list(data: bytes) -> tuple[list[ContainerDevices], list[ClaimDevice]]:
     return devices, claims
 
 
+def read_pods(
+    data: bytes,
+) -> tuple[list[ContainerDevices], list[ClaimDevice], list[ContainerCpus]]:
+    """:func:`read_list`, with the CPU ids and memory NUMA nodes of each container that holds a
+    device and has any."""
+    devices, claims = read_list(data)
+    return devices, claims, list(read_holdings(data)[4])
+
+
 def read_list_with_pods(
     data: bytes,
 ) -> tuple[list[ContainerDevices], list[ClaimDevice], frozenset[tuple[str, str]]]:
@@ -275,19 +302,25 @@ def read_list_with_pods(
 
 
 _Holdings = tuple[
-    tuple[ContainerDevices, ...], tuple[ClaimDevice, ...], frozenset[tuple[str, str]], Folded
+    tuple[ContainerDevices, ...],
+    tuple[ClaimDevice, ...],
+    frozenset[tuple[str, str]],
+    Folded,
+    tuple[ContainerCpus, ...],
 ]
 
 
 def read_holdings(data: bytes) -> _Holdings:
     """A ListPodResourcesResponse as far as the exporter needs it, bounded (module docstring):
     the containers' ``nvidia.com/`` devices and NVIDIA drivers' DRA devices, and every pod
-    listed with devices or without (namespace, name); DecodeError when the answer is not one.
+    listed with devices or without (namespace, name), and the CPU ids and memory NUMA nodes of
+    the containers that hold one of them; DecodeError when the answer is not one.
     Entries are plain tuples until the bounds have chosen them: 30,000 holders made into
     objects first took three times as long."""
     entries: list[_Entry] = []
     claims: list[ClaimDevice] = []
     pods: set[tuple[str, str]] = set()
+    cpus: list[ContainerCpus] = []
     cut = 0
     for pod in pb.ListPodResourcesResponse.FromString(data).pod_resources:
         namespace, name = pod.namespace, pod.name
@@ -306,8 +339,17 @@ def read_holdings(data: bytes) -> _Holdings:
                 where = (namespace, name, container.name)
                 found = _claims(where, container.dynamic_resources)
                 claims.extend(c for c in found if c.driver in _OUR_DRIVERS)
+            if container.cpu_ids or container.memory:
+                nodes = sorted({n.ID for m in container.memory for n in m.topology.nodes})
+                if container.cpu_ids or nodes:
+                    where = (namespace, name, container.name)
+                    ids = tuple(sorted(container.cpu_ids))
+                    cpus.append(ContainerCpus(*where, ids, tuple(nodes)))
     containers, bounded_claims, folded = _bounded(entries, claims, cut)
-    return containers, bounded_claims, frozenset(pods), folded
+    holding = {(c.namespace, c.pod, c.container) for c in containers}
+    holding.update((c.namespace, c.pod, c.container) for c in bounded_claims)
+    placed = tuple(c for c in cpus if c.key in holding)
+    return containers, bounded_claims, frozenset(pods), folded, placed
 
 
 _Entry = tuple[str, str, str, str, tuple[str, ...]]  # namespace, pod, container, resource, ids

@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from ..devices import DeviceId
 from ..exposition import Sample, label_string
+from ..ledger import SM_BANDS
 from .accounting import IdleAccountant
 from .dra import DRA_REASONS
 from .jobgpus import JobHolding
@@ -19,11 +20,16 @@ from .metrics import (
     CONTAINER_SM_ACTIVE,
     CONTAINER_SM_ACTIVE_SECONDS,
     IDLE_STREAK,
+    MEMORY_NUMA_ALIGNED,
+    NUMA_ALIGNED,
+    PATH_INFO,
     SHARING_INFO,
     SLURM_JOB_INFO,
+    SM_BAND_SECONDS,
     UNATTRIBUTED_MEMORY,
     UNATTRIBUTED_SM_ACTIVE_SECONDS,
     UNRESOLVED,
+    band_labels,
     class_labels,
     holder_labels,
     info_labels,
@@ -31,6 +37,7 @@ from .metrics import (
     slurm_job_labels,
 )
 from .model import Allocations, Holding
+from .placement import PlacementSnapshot
 from .process_activity import ContainerActivity
 from .rightsizing import RightSizer
 from .sharing import sharing_modes
@@ -88,6 +95,9 @@ def allocation_samples(
             yield Sample(ALLOCATED_IDLE_SECONDS, labels, usage.idle)
             if usage.released_at is None:
                 yield Sample(IDLE_STREAK, labels, usage.streak)
+        if usage.bands is not None:
+            for band, seconds in zip(SM_BANDS, usage.bands, strict=True):
+                yield Sample(SM_BAND_SECONDS, band_labels(labels, band), seconds)
     yield from rightsizer.samples()
 
 
@@ -111,6 +121,25 @@ def sharing_samples(
     )
     for gpu, mode in modes.items():
         yield Sample(SHARING_INFO, mode_labels(gpu.labels, mode), 1)
+
+
+def placement_samples(placement: PlacementSnapshot, allocations: Allocations) -> Iterable[Sample]:
+    """Paths and NUMA alignment of the pods that hold devices now (a placement read after a
+    change may still be on its way: a pod gone since is not shown)."""
+    holders = {h.pod_key for h in allocations.holdings}
+    for p in placement.paths:
+        if (p.namespace, p.pod) in holders:
+            path = {"namespace": p.namespace, "pod": p.pod}
+            path |= {"path": p.path.label, "best_path": p.best.label}
+            yield Sample(PATH_INFO, label_string(path), 1)
+    for n in placement.numa:
+        if (n.namespace, n.pod) not in holders:
+            continue
+        labels = holder_labels(n.device.labels, n.namespace, n.pod, n.container)
+        if n.cpus is not None:
+            yield Sample(NUMA_ALIGNED, labels, n.cpus)
+        if n.memory is not None:
+            yield Sample(MEMORY_NUMA_ALIGNED, labels, n.memory)
 
 
 def activity_samples(

@@ -25,6 +25,11 @@ Three background loops feed series the sampler renders (this is a SampleSource):
   on a worker thread) summed per container (:mod:`.process_activity`), for
   ``gpu_container_sm_active_*`` and the per-pod idle rule on shared devices.
 
+A poll that changes the holdings (or the devices, or the kubelet's CPU assignments), and the
+first one, also reads the node's topology (NVML, on a worker thread, bounded like the scan) and
+places each holder (:mod:`.placement`): the paths and NUMA series read that snapshot until the
+next change.
+
 Nothing here runs on the scrape path: :meth:`samples` returns the list built from the last state,
 rebuilt (at the render that reads it) only after something changed.
 """
@@ -58,6 +63,7 @@ from .jobgpus import JobGpus, JobHolding, JobSource, SlurmError, resolve
 from .jobprocs import read_process_jobs
 from .metrics import FAMILIES, FOLDED, SOURCE_TRANSITIONS, holder_labels, job_labels
 from .model import Allocations, Holding, PodKey, resolve_snapshot
+from .placement import PlacementRead, PlacementReader, PlacementSnapshot
 from .podresources import Folded, PodResourcesClient, PodResourcesError, PodResourcesSnapshot
 from .process_activity import ContainerActivity, Owner, ProcessSample, ProcessUtilizationReader
 from .processes import ComputeModeReader, NvmlProcessLister, ProcessLister, ScanResult, scan
@@ -71,6 +77,7 @@ from .samples import (
     allocation_samples,
     job_info_samples,
     memory_samples,
+    placement_samples,
     sharing_samples,
     unattributed_samples,
 )
@@ -132,6 +139,8 @@ class AllocationSubsystem:
         wall_clock: Callable[[], float] = time.time,
         mig_profiles: MigProfileBook | None = None,
         jobs: JobSource | None = None,
+        sysfs_path: Path | None = None,
+        placement_reader: PlacementRead | None = None,
     ) -> None:
         """``jobs``: a Slurm source (:mod:`.slurm`, :mod:`.jobmap`) instead of the kubelet,
         read on ``executor`` every ``poll_interval`` within ``call_timeout``; a holder is then
@@ -156,6 +165,9 @@ class AllocationSubsystem:
         self._compute_mode = ComputeModeReader(errors)
         self._reader = utilization_reader or ProcessUtilizationReader(errors)
         self._activity = ContainerActivity(kept=[unattributed_owner(c) for c in UNATTRIBUTED])
+        self._placement_reader = placement_reader or PlacementReader(sysfs_path, errors)
+        self._placement = PlacementSnapshot()
+        self._placed_from: object = None  # what self._placement was made from
         self._mps: set[str] = set()  # uuids with MPS clients at the last scan
         self._compute_modes: dict[str, int] = {}
         self._clock = clock
@@ -294,6 +306,7 @@ class AllocationSubsystem:
                 )
             if came_up or changed:
                 self.update()  # account and publish at once rather than at the next round
+            await self.place()
         self._polled.set()
 
     async def _poll_jobs(self, jobs: JobSource) -> None:
@@ -370,6 +383,36 @@ class AllocationSubsystem:
             return self._allocations
         self._resolved = key
         return resolve_snapshot(snapshot, list(devices), self._cdi, exclude=self._self_pod)
+
+    @property
+    def placement(self) -> PlacementSnapshot:
+        """Where the holders' GPUs and CPUs sit, as of the last allocation change."""
+        return self._placement
+
+    async def place(self) -> None:
+        """Read the topology and place the holders when the allocations, the devices or the
+        CPU assignments changed since the last placement (worker thread, bounded)."""
+        if self._snapshot is None or not self._up:
+            return
+        if self._still_hung("placement"):
+            return
+        devices = list(self._devices())
+        allocations, cpus = self._allocations, self._snapshot.cpus
+        # What a placement depends on: not the devices' other identity (their activity source
+        # changes when DCGM connects, say), which would read the topology again for nothing.
+        held = frozenset((h.device.uuid, *h.pod_key, h.container) for h in allocations.holdings)
+        key = (held, cpus, tuple((d.uuid, d.id.mig_mode) for d in devices))
+        if key == self._placed_from:
+            return
+        job = partial(self._placement_reader, devices, allocations, cpus)
+        try:
+            result = await self._run("placement", job)
+        except Exception as exc:  # a GPU lost mid-read included: tried again at the next poll
+            self._warn("placement-failed", "topology read failed", error=repr(exc))
+            return
+        if result is not None:
+            self._placement, self._placed_from = result, key
+            self._dirty = True
 
     async def scan_processes(self) -> None:
         """Map GPU processes to containers (on a worker thread); skipped while one is stuck."""
@@ -579,6 +622,7 @@ class AllocationSubsystem:
                 samples.extend(job_info_samples(self._job_holdings))
             gpus = [d.id for d in self._devices() if not d.id.is_mig]
             samples.extend(sharing_samples(gpus, allocations, self._mps, self._compute_modes))
+            samples.extend(placement_samples(self._placement, allocations))
         samples.extend(self._memory)
         samples.extend(activity_samples(self._activity, self._holder_labels))
         sampled = [d.id for d in self._devices() if not d.id.is_mig and d.id.mig_mode != "enabled"]

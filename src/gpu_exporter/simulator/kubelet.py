@@ -27,7 +27,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpu_exporter.allocation.podresources import ContainerDevices
+from gpu_exporter.allocation.podresources import ContainerCpus, ContainerDevices
 from gpu_exporter.simulator.dra import CdiFiles, claim_devices
 from gpu_exporter.simulator.podresources_server import KubeletState, PodResourcesServer
 from gpu_exporter.simulator.procfs import ProcTree, SimProcess
@@ -144,7 +144,10 @@ class SimulatedKubelet:
                 if w.spec.pod and not w.spec.deleted
             }
         )
-        return KubeletState(containers, list(self._allocatable()), claims, running=running)
+        cpus = container_cpus(a.spec for a in allocations)
+        return KubeletState(
+            containers, list(self._allocatable()), claims, running=running, cpus=cpus
+        )
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -204,6 +207,21 @@ class SimulatedKubelet:
         for event in scenario.timeline:
             if event.type == "allocate":
                 yield event.params["allocation"]
+
+
+def container_cpus(specs: Iterable[AllocationSpec]) -> list[ContainerCpus]:
+    """Each container's CPU ids and memory NUMA nodes, as the kubelet lists them once per
+    container (a scenario may repeat or split them over the container's allocations)."""
+    cpus: dict[tuple[str, str, str], tuple[set[int], set[int]]] = {}
+    for spec in specs:
+        ids, nodes = cpus.setdefault((spec.namespace, spec.pod, spec.container), (set(), set()))
+        ids.update(spec.cpu_ids)
+        nodes.update(spec.memory_numa_nodes)
+    return [
+        ContainerCpus(*key, tuple(sorted(ids)), tuple(sorted(nodes)))
+        for key, (ids, nodes) in cpus.items()
+        if ids or nodes
+    ]
 
 
 def _resource(specs: list[AllocationSpec], gpu: int, mig: int | None) -> str | None:

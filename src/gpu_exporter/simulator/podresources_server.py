@@ -22,7 +22,7 @@ from grpclib.exceptions import GRPCError
 from grpclib.protocol import H2Protocol
 from grpclib.server import Server
 
-from gpu_exporter.allocation.podresources import ClaimDevice, ContainerDevices
+from gpu_exporter.allocation.podresources import ClaimDevice, ContainerCpus, ContainerDevices
 from gpu_exporter.allocation.proto import podresources_pb2 as pb
 from gpu_exporter.allocation.proto.podresources_grpc import PodResourcesListerBase
 
@@ -42,20 +42,23 @@ class KubeletState:
     # Containers of running pods, devices or none (namespace, pod, container): a kubelet lists
     # every pod, and a container holding nothing with an empty resource list.
     running: Sequence[tuple[str, str, str]] = ()
+    cpus: Sequence[ContainerCpus] = ()
 
 
-_Entry = ContainerDevices | ClaimDevice
+_Entry = ContainerDevices | ClaimDevice | ContainerCpus
 
 
 def pod_messages(
     containers: Sequence[ContainerDevices],
     claims: Sequence[ClaimDevice] = (),
     running: Sequence[tuple[str, str, str]] = (),
+    cpus: Sequence[ContainerCpus] = (),
 ) -> list[pb.PodResources]:
     """Each pod's PodResources, grouped into pods and containers as the kubelet does, in the
-    order the pods first appear; ``running`` containers holding nothing come last."""
+    order the pods first appear; ``running`` containers holding nothing come last; ``cpus``:
+    the CPU and memory managers' assignments."""
     pods: dict[tuple[str, str], dict[str, list[_Entry]]] = {}
-    every: list[_Entry] = [*containers, *claims]
+    every: list[_Entry] = [*containers, *claims, *cpus]
     for entry in every:
         by_container = pods.setdefault((entry.namespace, entry.pod), {})
         by_container.setdefault(entry.container, []).append(entry)
@@ -77,6 +80,15 @@ def _container(name: str, entries: Sequence[_Entry]) -> pb.ContainerResources:
     for entry in entries:
         if isinstance(entry, ContainerDevices):
             container.devices.append(_device_list(entry.resource, entry.device_ids))
+        elif isinstance(entry, ContainerCpus):
+            container.cpu_ids.extend(entry.cpu_ids)
+            if entry.memory_numa_nodes:
+                container.memory.add(
+                    memory_type="memory",
+                    topology=pb.TopologyInfo(
+                        nodes=[pb.NUMANode(ID=node) for node in entry.memory_numa_nodes]
+                    ),
+                )
         else:
             claims.setdefault((entry.claim_namespace, entry.claim_name), []).append(entry)
     for (namespace, claim), devices in claims.items():
@@ -108,9 +120,12 @@ def list_response(
     containers: Sequence[ContainerDevices],
     claims: Sequence[ClaimDevice] = (),
     running: Sequence[tuple[str, str, str]] = (),
+    cpus: Sequence[ContainerCpus] = (),
 ) -> pb.ListPodResourcesResponse:
     """A ListPodResourcesResponse: the pods of :func:`pod_messages`."""
-    return pb.ListPodResourcesResponse(pod_resources=pod_messages(containers, claims, running))
+    return pb.ListPodResourcesResponse(
+        pod_resources=pod_messages(containers, claims, running, cpus)
+    )
 
 
 def allocatable_response(
@@ -138,9 +153,19 @@ class _Lister(PodResourcesListerBase):
     async def List(self, stream: Any) -> None:
         await stream.recv_message()
         state = self._provider()
-        written_from = (*state.containers, None, *state.claims, None, *state.running)
+        written_from = (
+            *state.containers,
+            None,
+            *state.claims,
+            None,
+            *state.running,
+            None,
+            *state.cpus,
+        )
         if written_from != self._last_from:
-            self._last_answer = list_response(state.containers, state.claims, state.running)
+            self._last_answer = list_response(
+                state.containers, state.claims, state.running, state.cpus
+            )
             self._last_from = written_from
         await stream.send_message(self._last_answer)
 
@@ -154,7 +179,7 @@ class _Lister(PodResourcesListerBase):
     async def Get(self, stream: Any) -> None:
         request = await stream.recv_message()
         state = self._provider()
-        for pod in pod_messages(state.containers, state.claims, state.running):
+        for pod in pod_messages(state.containers, state.claims, state.running, state.cpus):
             if (pod.namespace, pod.name) == (request.pod_namespace, request.pod_name):
                 await stream.send_message(pb.GetPodResourcesResponse(pod_resources=pod))
                 return

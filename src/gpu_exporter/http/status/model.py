@@ -29,6 +29,14 @@ class Holder:
     memory_used_bytes: float | None = None
     idle_seconds: float | None = None
     source: str = ""  # pod-resources, dra, or process: it runs there holding no allocation
+    # Placement (docs/allocation.md): the pod's weakest path between its GPUs and the best the
+    # node had ("" for a pod of one GPU), the share of the container's CPUs on this GPU's NUMA
+    # node (None: the kubelet lists no CPU ids), and the share of the pod's held time in each SM
+    # activity band, low/mid/high (None: no band signal).
+    path: str = ""
+    best_path: str = ""
+    numa_aligned: float | None = None
+    sm_bands: SmBands | None = None
 
 
 @dataclass(frozen=True)
@@ -42,6 +50,13 @@ class UnheldProcess:
     namespace: str = ""  # the pod, where a log directory still names it
     pod: str = ""
     memory_used_bytes: float | None = None
+
+
+@dataclass(frozen=True)
+class SmBands:
+    low: float
+    mid: float
+    high: float
 
 
 @dataclass(frozen=True)
@@ -278,6 +293,15 @@ def _holders(series: Series, uuid: str) -> tuple[Holder, ...]:
         (lab["namespace"], lab["pod"]): value
         for lab, value in series.of_device("gpu_allocation_idle_streak_seconds", uuid)
     }
+    paths = {
+        (lab["namespace"], lab["pod"]): (lab.get("path", ""), lab.get("best_path", ""))
+        for lab, _ in series.of("gpu_allocation_path_info")
+    }
+    numa = {
+        (lab["namespace"], lab["pod"], lab["container"]): value
+        for lab, value in series.of_device("gpu_allocation_numa_aligned_ratio", uuid)
+    }
+    bands = _bands(series, uuid)
     holders = []
     for labels, _ in series.of_device("gpu_allocation_info", uuid):
         key = (labels["namespace"], labels["pod"], labels["container"])
@@ -292,9 +316,27 @@ def _holders(series: Series, uuid: str) -> tuple[Holder, ...]:
                 memory_used_bytes=memory,
                 idle_seconds=idle.get(key[:2]),
                 source=labels.get("source", ""),
+                path=paths.get(key[:2], ("", ""))[0],
+                best_path=paths.get(key[:2], ("", ""))[1],
+                numa_aligned=numa.get(key),
+                sm_bands=bands.get(key[:2]),
             )
         )
     return tuple(sorted(holders, key=lambda h: (h.namespace, h.pod, h.container)))
+
+
+def _bands(series: Series, uuid: str) -> dict[tuple[str, str], SmBands]:
+    """Each pod's share of its held time in each SM activity band, from the counters' totals."""
+    seconds: dict[tuple[str, str], dict[str, float]] = defaultdict(dict)
+    for labels, value in series.of_device("gpu_allocation_sm_activity_band_seconds_total", uuid):
+        seconds[(labels["namespace"], labels["pod"])][labels.get("band", "")] = value
+    shares = {}
+    for pod, by_band in seconds.items():
+        total = sum(by_band.values())
+        if total > 0:
+            low, mid, high = (by_band.get(b, 0.0) / total for b in ("low", "mid", "high"))
+            shares[pod] = SmBands(low, mid, high)
+    return shares
 
 
 def _per_container(

@@ -162,6 +162,15 @@ def _holder(holder: Holder) -> str:
         extra.append(_gib(holder.memory_used_bytes))
     if holder.idle_seconds:
         extra.append(f"idle {_duration(holder.idle_seconds)}")
+    if holder.path:
+        better = f" (best {holder.best_path})" if holder.best_path != holder.path else ""
+        extra.append(f"path {holder.path}{better}")
+    if holder.numa_aligned is not None:
+        extra.append(f"NUMA {holder.numa_aligned * 100:.0f}%")
+    if holder.sm_bands is not None:
+        b = holder.sm_bands
+        shares = "/".join(f"{share * 100:.0f}" for share in (b.low, b.mid, b.high))
+        extra.append(f"SM low/mid/high {shares}%")
     detail = f' <small class="muted">{_e(", ".join(extra))}</small>' if extra else ""
     name = f"{holder.namespace}/{holder.pod}/{holder.container}"
     unheld = ' <span class="warn">no allocation</span>' if holder.source == "process" else ""
