@@ -151,7 +151,7 @@ def test_cpu_ids_and_memory_nodes_are_read_per_container_as_the_kubelet_lists_th
 def test_the_simulated_kubelet_writes_cpu_assignments_that_read_back() -> None:
     devices = [ContainerDevices("ml", "p", "trainer", "nvidia.com/gpu", ("GPU-a",))]
     cpus = [ContainerCpus("ml", "p", "trainer", (0, 1, 2), (0,))]
-    written = list_response(devices, (), cpus).SerializeToString()
+    written = list_response(devices, (), cpus=cpus).SerializeToString()
     assert read_pods(written) == (devices, [], cpus)
 
 
