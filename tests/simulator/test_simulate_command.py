@@ -93,6 +93,18 @@ def test_python_children_share_the_node_and_its_timeline() -> None:
     assert result.stdout.strip() == "8", result.stderr
 
 
+def test_the_sitecustomize_it_shadows_still_runs(tmp_path: Path) -> None:
+    """A distribution's own sitecustomize further down PYTHONPATH runs after the hook."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import builtins\nbuiltins.SITE_RAN = True\n")
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    code = "import builtins, pynvml; pynvml.nvmlInit()\n"
+    code += "print(getattr(builtins, 'SITE_RAN', False), pynvml.nvmlDeviceGetCount())"
+    result = simulate("--", *python(code), env=env)
+    assert result.stdout.split() == ["True", "8"], result.stdout + result.stderr
+
+
 def test_a_program_without_pynvml_pays_nothing() -> None:
     result = simulate("--", *python("import sys; print('pynvml' in sys.modules)"))
     assert result.stdout.strip() == "False", "the hook imports pynvml only when the program does"

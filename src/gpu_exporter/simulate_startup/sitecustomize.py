@@ -5,7 +5,8 @@ It hooks ``import pynvml`` to the simulated node (gpu_exporter.simulate_hook), t
 gpu_exporter itself gets the command's package directory at the end of its path.
 """
 
-import importlib
+import importlib.machinery
+import importlib.util
 import os
 import sys
 
@@ -21,18 +22,12 @@ def _start() -> None:
         sys.path.append(fallback)
         from gpu_exporter import simulate_hook as preload
     preload.activate()
-    # The sitecustomize further down the path (a distribution's own) still runs.
+    # The sitecustomize further down the path (a distribution's own) still runs: found and run
+    # by path, so neither sys.path nor sys.modules is changed for it.
     shadowed = [p for p in sys.path if os.path.abspath(p or ".") != here]
-    saved, sys.path[:] = sys.path[:], shadowed
-    module = sys.modules.pop("sitecustomize", None)
-    try:
-        importlib.import_module("sitecustomize")
-    except ImportError:
-        pass
-    finally:
-        sys.path[:] = saved
-        if module is not None and "sitecustomize" not in sys.modules:
-            sys.modules["sitecustomize"] = module
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", shadowed)
+    if spec is not None and spec.loader is not None:
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))
 
 
 try:
