@@ -7,12 +7,12 @@ from .base import Cadence, Collector, CollectorContext, SampleWriter, Scope
 from .clock_events import ClockEventsCollector
 from .clocks import ClocksCollector
 from .ecc import EccCollector
+from .engines import EnginesCollector
 from .fabric import FabricCollector
+from .interconnect import InterconnectCollector, NvLinkStateCollector
 from .memory import MemoryCollector
 from .mig_profiles import MigProfilesCollector
-from .nvlink import InterconnectCollector, NvLinkStateCollector
-from .pcie import PcieLinkCollector
-from .pipes import EnginesCollector
+from .pcie_link import PcieLinkCollector
 from .power import PowerCollector
 from .recovery import RecoveryCollector
 from .remap import RemapCollector

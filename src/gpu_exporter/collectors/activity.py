@@ -22,8 +22,8 @@ from ..exposition import Family, counter, gauge, label_string
 from ..ledger import SM_BANDS, ActivityKind, sm_band
 from ..nvml import DeviceCalls
 from .base import Cadence, Collector, CollectorContext, Integral, SampleWriter, Scope, clamp_ratio
+from .engines import EXTRA_GPM_METRICS, PIPE_SECONDS, PipeTotals, gpm_pipes, pipe_ratios
 from .gpm import GpmRequest
-from .pipes import EXTRA_GPM_METRICS, PIPE_SECONDS, PipeTotals, gpm_pipes, pipe_ratios
 
 # The instant SM and tensor ratios are the status page's only (served=False): Prometheus reads
 # the exact mean over any window as rate() of the _seconds_total integrals (docs/migration.md).
@@ -73,7 +73,7 @@ class ActivityReading:
     sm_occupancy: float | None
     tensor_active: float | None
     dram_active: float | None
-    # The other pipes ("pipe:fp64" -> ratio; pipes.py).
+    # The other pipes ("pipe:fp64" -> ratio; engines.py).
     extra: Mapping[str, float] = field(default_factory=dict)
     # Seconds each ratio covers, where a source's ratios cover different spans (DCGM's fields
     # come from different passes, each with its own timestamps); None: all cover [start, end].

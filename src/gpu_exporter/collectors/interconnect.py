@@ -25,7 +25,7 @@ from ..nvml import DeviceCalls
 from ..nvml.calls import FieldKey
 from .base import Cadence, Collector, CollectorContext, SampleWriter
 from .counters import CounterField, fields_of
-from .pcie import PcieCounters
+from .pcie_link import PcieCounters
 
 LINKS = gauge(
     "gpu_nvlink_links",
