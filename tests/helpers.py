@@ -11,6 +11,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpu_exporter.app import Exporter, build_exporter
+from gpu_exporter.cli import parse_config
 from gpu_exporter.collectors import Cadence, collector_names
 from gpu_exporter.config import Config
 from gpu_exporter.dcgm.readings import DcgmLink
@@ -121,20 +122,30 @@ class SimulatedSampler:
         self.node.inject(event)
 
 
-def make_config(**overrides: Any) -> Config:
-    base = Config(listen_host="127.0.0.1", listen_port=0, collectors=frozenset(collector_names()))
+def make_config(*flags: str, **overrides: Any) -> Config:
+    """Every collector on, on a loopback port; ``flags`` give the collectors' options, parsed as
+    the command line's are."""
+    base = Config(
+        listen_host="127.0.0.1",
+        listen_port=0,
+        collectors=frozenset(collector_names()),
+        collector_options=parse_config(flags, environ={}).collector_options,
+    )
     return replace(base, **overrides)
 
 
 @asynccontextmanager
-async def simulated_sampler(scenario: str, **config: Any) -> AsyncIterator[SimulatedSampler]:
-    """A started sampler on a simulated node with a manual clock; no background loops."""
+async def simulated_sampler(
+    scenario: str, *flags: str, **config: Any
+) -> AsyncIterator[SimulatedSampler]:
+    """A started sampler on a simulated node with a manual clock; no background loops.
+    ``flags``: collector options as typed (``--collector.nvlink.per-link``)."""
     clock = ManualClock()
     node = SimulatedNode(loads_scenario(textwrap.dedent(scenario), "<test>"), clock=clock)
     install(node)
     pool = WorkerPool(size=4)
     shared = SharedState()
-    sampler = shared.sampler(make_config(**config), pool, clock=clock)
+    sampler = shared.sampler(make_config(*flags, **config), pool, clock=clock)
     try:
         await sampler.start(background=False)
         yield SimulatedSampler(sampler, node, clock, pool, shared)

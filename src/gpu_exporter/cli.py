@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from . import __version__
-from .settings import GROUPS, Flag, declared_flags, env_name, parse_duration
+from .settings import GROUPS, CollectorOptions, Flag, declared_flags, env_name, parse_duration
 
 if TYPE_CHECKING:
     from .config import Config
@@ -51,11 +51,14 @@ def _checked(parse: Callable[[str], Any]) -> Callable[[str], Any]:
 
 
 def all_flags() -> list[Flag]:
-    """Every flag: the settings declared on Config, then each collector's switch."""
-    from .collectors import ALL_COLLECTORS
+    """Every flag: the settings declared on Config, the options the collectors declare (each
+    named by its parser destination, unique across classes), then each collector's switch."""
+    from .collectors import ALL_COLLECTORS, option_classes
     from .config import Config
 
     flags = list(declared_flags(Config))
+    for kind in option_classes(ALL_COLLECTORS):
+        flags += [replace(f, name=_option_dest(kind, f.name)) for f in declared_flags(kind)]
     for collector in ALL_COLLECTORS:
         state = "enabled" if collector.enabled_by_default else "disabled"
         flags.append(
@@ -68,6 +71,32 @@ def all_flags() -> list[Flag]:
             )
         )
     return flags
+
+
+def _option_dest(kind: type, field: str) -> str:
+    return f"{kind.__module__}.{kind.__qualname__}.{field}"
+
+
+def _parsed(flag: Flag, value: Any) -> Any:
+    if flag.repeat:  # None until given: then the default tuple
+        return flag.default if value is None else tuple(value)
+    return value
+
+
+def _collector_options(namespace: argparse.Namespace) -> CollectorOptions:
+    """Each options class the collectors declare, built from its flags; only those that differ
+    from their defaults are kept (``CollectorOptions.of`` gives the defaults of the rest)."""
+    from .collectors import ALL_COLLECTORS, option_classes
+
+    given = []
+    for kind in option_classes(ALL_COLLECTORS):
+        values = {
+            f.name: _parsed(f, getattr(namespace, _option_dest(kind, f.name)))
+            for f in declared_flags(kind)
+        }
+        if (options := kind(**values)) != kind():
+            given.append(options)
+    return CollectorOptions(tuple(given))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -159,13 +188,11 @@ def parse_config(argv: Sequence[str], environ: Mapping[str, str] | None = None) 
     namespace = parser.parse_args([*_env_args(flags, environ, argv), *argv])
     values: dict[str, Any] = {}
     for flag in declared_flags(Config):
-        value = getattr(namespace, flag.name)
-        if flag.repeat:
-            value = flag.default if value is None else tuple(value)
-        values.update(flag.to_config(value))
+        values.update(flag.to_config(_parsed(flag, getattr(namespace, flag.name))))
     values["collectors"] = frozenset(
         c.name for c in ALL_COLLECTORS if getattr(namespace, f"collector_{c.name}")
     )
+    values["collector_options"] = _collector_options(namespace)
     config = Config(**values)
     if config.dcgm_embedded and config.dcgm_address is not None:
         raise UsageError("--dcgm.address and --dcgm.embedded: use one DCGM host engine, not both")

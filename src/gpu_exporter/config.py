@@ -3,7 +3,9 @@
 Every flag is declared here, once, as a field made with :func:`~gpu_exporter.settings.setting`
 (flag, value type, default, help, group; the ``GPU_EXPORTER_*`` variable follows the flag's
 name). The parser, the environment lookup and the README check derive from these fields; the
-``--collector.<name>`` switches are declared by the collectors themselves.
+``--collector.<name>`` switches and the ``--collector.<name>.<option>`` flags are declared by the
+collectors themselves (``collectors/``), and their values arrive here as ``collectors`` and
+``collector_options``.
 """
 
 from __future__ import annotations
@@ -14,7 +16,17 @@ from pathlib import Path
 from .dcgm.target import Target, parse_target
 from .http.webconfig import WebConfig
 from .logs import LEVELS
-from .settings import COUNT, DURATION, LISTEN, PATH, RATIO, ValueType, choice, setting
+from .settings import (
+    COUNT,
+    DURATION,
+    LISTEN,
+    PATH,
+    RATIO,
+    CollectorOptions,
+    ValueType,
+    choice,
+    setting,
+)
 
 DEFAULT_PORT = 9445  # dcgm-exporter uses 9400 and nvidia_gpu_exporter 9835
 BUILTIN_SCENARIO = "builtin"
@@ -116,31 +128,8 @@ class Config:
     init_timeout: float = 60.0  # not a flag: how long the first nvmlInit may take
     # set by the --collector.<name> switches, which each collector declares (collectors/)
     collectors: frozenset[str] = field(default_factory=frozenset)
-    nvlink_per_link: bool = setting(
-        "--collector.nvlink.per-link",
-        False,
-        group="collectors",
-        help="NVLink errors and traffic per link (a link label) instead of summed per GPU",
-    )
-    pipes_detail: bool = setting(
-        "--collector.pipes.detail",
-        False,
-        group="collectors",
-        help="also the integer pipe (GPM) and the JPEG and optical-flow engines",
-    )
-    ecc_aggregate: bool = setting(
-        "--collector.ecc.aggregate",
-        False,
-        group="collectors",
-        help="also the board-lifetime (aggregate) ECC counters beside the volatile ones",
-    )
-    remap_banks: bool = setting(
-        "--collector.remap.banks",
-        False,
-        group="collectors",
-        help="the whole spare-row bank histogram (max, high, partial, low, none), not only the "
-        "low and none banks",
-    )
+    # set by the --collector.<name>.<option> flags, which each collector's module declares
+    collector_options: CollectorOptions = field(default_factory=CollectorOptions)
     sysfs_path: Path = setting(
         "--path.sysfs",
         Path("/sys"),

@@ -1,4 +1,5 @@
-"""How a setting is declared: once, as a field of :class:`~gpu_exporter.config.Config`.
+"""How a setting is declared: once, as a field of :class:`~gpu_exporter.config.Config`, or of a
+collector's options class beside the collector (``collectors/base.option``).
 
 A field made with :func:`setting` carries its flag (spelling, value type, help, group); its
 default is the field's default. Everything else derives from that one declaration: the argparse
@@ -17,12 +18,13 @@ import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 ENV_PREFIX = "GPU_EXPORTER_"
 _METADATA_KEY = "gpu_exporter.flag"
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+_Options = TypeVar("_Options")
 
 # argparse groups, in --help order: title for each ``group=`` a setting may name.
 GROUPS = {
@@ -201,3 +203,19 @@ def declared_flags(config_class: type) -> Iterator[Flag]:
         else:
             default = field.default
         yield dataclasses.replace(flag, name=field.name, default=default)
+
+
+@dataclass(frozen=True)
+class CollectorOptions:
+    """The collectors' option values, one frozen instance per options class (a frozen dataclass
+    of :func:`setting` fields that a collector module declares). The CLI keeps only the classes
+    whose values differ from their defaults, so ``Config()`` equals the parsed default."""
+
+    given: tuple[Any, ...] = ()
+
+    def of(self, kind: type[_Options]) -> _Options:
+        """The values of ``kind``'s flags as parsed; its defaults where none was given."""
+        for value in self.given:
+            if isinstance(value, kind):
+                return value
+        return kind()

@@ -111,7 +111,9 @@ async def rig(node: SimulatedNode, short_dir: Path, pool: WorkerPool) -> AsyncIt
         d for i in range(len(node.gpus)) for d in discover_gpu(i, support, errors).devices()
     ]
     ledger = ActivityLedger()
-    context = CollectorContext(config=Config(), clock=clock, ledger=ledger)
+    context = CollectorContext(
+        Config.fast_interval, Config.slow_interval, clock=clock, ledger=ledger
+    )
     collectors: list[tuple[Collector, DeviceCalls]] = [
         (kind(device, context), DeviceCalls(device.uuid, support, errors, collector=kind.name))
         for device in devices

@@ -220,7 +220,9 @@ async def test_ecc_and_row_remapping_follow_the_hardware_state() -> None:
 
 
 async def test_lifetime_ecc_counts_and_the_whole_bank_histogram_come_on_request() -> None:
-    async with simulated_sampler(H100, ecc_aggregate=True, remap_banks=True) as sim:
+    async with simulated_sampler(
+        H100, "--collector.ecc.aggregate", "--collector.remap.banks"
+    ) as sim:
         sim.inject({"type": "ecc", "gpu": 0, "corrected": 5, "uncorrected": 1})
         series = await sim.slow_round()
     assert one(series, "gpu_ecc_errors_total", type="uncorrected", counter="aggregate") == 1

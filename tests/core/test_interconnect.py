@@ -66,7 +66,7 @@ async def test_a_link_that_goes_down_is_named_and_counted_inactive() -> None:
 
 
 async def test_per_link_mode_names_every_link_with_its_state() -> None:
-    async with simulated_sampler(BUSY_H100, nvlink_per_link=True) as sim:
+    async with simulated_sampler(BUSY_H100, "--collector.nvlink.per-link") as sim:
         await sim.slow_round()
         sim.inject({"type": "nvlink_down", "gpu": 1, "link": 5})
         series = await sim.slow_round()
@@ -77,7 +77,7 @@ async def test_per_link_mode_names_every_link_with_its_state() -> None:
 
 
 async def test_per_link_mode_labels_errors_and_traffic_by_link() -> None:
-    async with simulated_sampler(BUSY_H100, nvlink_per_link=True) as sim:
+    async with simulated_sampler(BUSY_H100, "--collector.nvlink.per-link") as sim:
         await sim.slow_round()
         await sim.fast_round()
         sim.inject({"type": "nvlink_errors", "gpu": 0, "link": 3, "crc_data": 7})

@@ -1,5 +1,5 @@
-"""Settings are declared once, on Config's fields; the parser, the environment and the README
-flags table follow that one declaration."""
+"""Settings are declared once, on Config's fields or on a collector's options class; the parser,
+the environment and the README flags table follow that one declaration."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from gpu_exporter.cli import UsageError, _env_args, all_flags, build_parser, parse_config
+from gpu_exporter.collectors import ALL_COLLECTORS, option_classes
 from gpu_exporter.config import Config
 from gpu_exporter.settings import Flag, declared_flags, format_duration, parse_duration
 
@@ -24,7 +25,13 @@ def readme_row(option: str) -> tuple[str, str]:
     raise AssertionError(f"{option} has no row in README's flags table")
 
 
-@pytest.mark.parametrize("flag", list(declared_flags(Config)), ids=lambda f: f.option)
+DECLARED = [
+    *declared_flags(Config),
+    *(flag for kind in option_classes(ALL_COLLECTORS) for flag in declared_flags(kind)),
+]
+
+
+@pytest.mark.parametrize("flag", DECLARED, ids=lambda f: f.option)
 def test_readme_flags_table_shows_each_declared_flag_with_its_default(flag: Flag) -> None:
     head, default = readme_row(flag.option)
     shown = flag.shown_default()

@@ -86,7 +86,7 @@ async def test_the_integer_pipe_and_the_jpeg_and_ofa_engines_come_with_detail() 
         gpus: [{model: H100-SXM-80GB}, {model: L40S}]
         workloads: [{gpu: 0, pod: p, sm: 0.8}]
     """
-    async with simulated_sampler(scenario, pipes_detail=True) as sim:
+    async with simulated_sampler(scenario, "--collector.pipes.detail") as sim:
         await sim.slow_round()
         await sim.fast_round()
         series = await sim.fast_round()

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
 from .activity import ActivityCollector
-from .base import Cadence, Collector, CollectorContext, SampleWriter, Scope
+from .base import Cadence, Collector, CollectorContext, SampleWriter, Scope, option
 from .clock_events import ClockEventsCollector
 from .clocks import ClocksCollector
 from .ecc import EccCollector
@@ -47,6 +50,11 @@ def collector_names() -> tuple[str, ...]:
     return tuple(c.name for c in ALL_COLLECTORS)
 
 
+def option_classes(collectors: Iterable[type[Collector]]) -> tuple[type[Any], ...]:
+    """The options classes the collectors read, each once (several may read one), in order."""
+    return tuple(dict.fromkeys(kind for collector in collectors for kind in collector.options))
+
+
 __all__ = [
     "ALL_COLLECTORS",
     "Cadence",
@@ -55,4 +63,6 @@ __all__ = [
     "SampleWriter",
     "Scope",
     "collector_names",
+    "option",
+    "option_classes",
 ]

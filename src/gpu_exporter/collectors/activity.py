@@ -22,7 +22,14 @@ from ..exposition import Family, counter, gauge, label_string
 from ..ledger import SM_BANDS, ActivityKind, sm_band
 from ..nvml import DeviceCalls
 from .base import Cadence, Collector, CollectorContext, Integral, SampleWriter, Scope, clamp_ratio
-from .engines import EXTRA_GPM_METRICS, PIPE_SECONDS, PipeTotals, gpm_pipes, pipe_ratios
+from .engines import (
+    EXTRA_GPM_METRICS,
+    PIPE_SECONDS,
+    EnginesOptions,
+    PipeTotals,
+    gpm_pipes,
+    pipe_ratios,
+)
 from .gpm import GpmRequest
 
 # The instant SM and tensor ratios are the status page's only (served=False): Prometheus reads
@@ -135,7 +142,7 @@ class GpmSource(ActivitySource):
         self._previous: tuple[Any, float] | None = None
         # Metric ids asked: pipes that answer NotSupported are not asked again. MIG instances
         # get no pipes: 10 series per instance would double a MIG node's series (56 instances).
-        extra = () if device.id.is_mig else gpm_pipes(context.config.pipes_detail)
+        extra = () if device.id.is_mig else gpm_pipes(context.options.of(EnginesOptions).detail)
         self._request = GpmRequest((*_GPM_METRICS, *extra))
 
     def read(self, calls: DeviceCalls) -> ActivityReading | None:
@@ -311,6 +318,7 @@ class ActivityCollector(Collector):
         DRAM_ACTIVE_SECONDS,
         PIPE_SECONDS,
     )
+    options = (EnginesOptions,)
 
     def __init__(self, device: Device, context: CollectorContext) -> None:
         super().__init__(device, context)

@@ -6,6 +6,12 @@ which devices it applies to. The sampler creates one instance per applicable dev
 instance holds that device's state between samples (integrals, GPM sample buffers), and calls
 :meth:`Collector.collect` on a worker thread. A failure stays inside that (collector, device)
 pair; :class:`~gpu_exporter.nvml.DeviceLost` is the one exception meant to travel up.
+
+A collector's options (``--collector.<name>.<option>``) are declared in its own module, as
+node_exporter declares a collector's flags in its file: a frozen dataclass of :func:`option`
+fields, named in the collector's ``options``. The CLI finds them through ``ALL_COLLECTORS`` and
+hands their parsed values in through :attr:`CollectorContext.options`, so a new option touches
+the collector's module and the README's flags table, nothing else.
 """
 
 from __future__ import annotations
@@ -15,15 +21,15 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import ClassVar
+from typing import Any, ClassVar
 
-from ..config import Config
 from ..dcgm.readings import DcgmLink
 from ..devices import Device, DeviceId
 from ..exposition import BlockWriter, Family
 from ..ledger import ActivityLedger
 from ..migprofiles import MigProfileBook
 from ..nvml import DeviceCalls
+from ..settings import CollectorOptions, ValueType, setting
 from .fields import FieldBatch, FieldBatches
 
 
@@ -40,9 +46,13 @@ class Scope(Enum):
 
 @dataclass(frozen=True)
 class CollectorContext:
-    """What a collector may depend on besides NVML: configuration and a clock."""
+    """What a collector may depend on besides NVML: its cadence's interval, its options, a clock
+    and the state it shares with other parts."""
 
-    config: Config
+    fast_interval: float
+    slow_interval: float
+    # Every collector's option values: a collector reads its own, ``options.of(ItsOptions)``.
+    options: CollectorOptions = field(default_factory=CollectorOptions)
     clock: Callable[[], float] = time.monotonic
     ledger: ActivityLedger = field(default_factory=ActivityLedger)
     # Each GPU's MIG profile table, for right-sizing (the mig_profiles collector writes it).
@@ -61,7 +71,7 @@ class CollectorContext:
     def field_batch(self, device: Device, cadence: Cadence) -> FieldBatch:
         assert self.fields is not None
         fast = cadence is Cadence.FAST
-        interval = self.config.fast_interval if fast else self.config.slow_interval
+        interval = self.fast_interval if fast else self.slow_interval
         return self.fields.batch(device.uuid, cadence.value, interval)
 
 
@@ -84,6 +94,9 @@ class Collector(ABC):
     families: ClassVar[tuple[Family, ...]]
     enabled_by_default: ClassVar[bool] = True
     help: ClassVar[str] = ""
+    # The options classes (declared with option() fields) whose values this collector reads:
+    # their flags exist because a collector in ALL_COLLECTORS names them here.
+    options: ClassVar[tuple[type[Any], ...]] = ()
 
     def __init__(self, device: Device, context: CollectorContext) -> None:
         self.device = device
@@ -101,6 +114,14 @@ class Collector(ABC):
 
     def close(self, calls: DeviceCalls) -> None:  # noqa: B027 - optional hook
         """Release NVML resources held for the device (runs on a worker thread)."""
+
+
+def option(flag: str, default: Any, type: ValueType | None = None, *, help: str) -> Any:
+    """A field of a collector's options class that is also its flag (no type: an on/off switch),
+    in ``--help``'s collectors group; the README's flags table shows it with its default."""
+    if not flag.startswith("--collector."):
+        raise ValueError(f"{flag}: a collector's option is spelt --collector.<name>.<option>")
+    return setting(flag, default, type, group="collectors", help=help)
 
 
 class Integral:

@@ -4,12 +4,14 @@ the lifetime count is a second series of the same fact unless asked for (docs/mi
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pynvml
 
 from ..devices import Device
 from ..exposition import counter, label_string
 from ..nvml import DeviceCalls
-from .base import Cadence, Collector, CollectorContext, SampleWriter
+from .base import Cadence, Collector, CollectorContext, SampleWriter, option
 
 # NVML_FI_DEV_ECC_CURRENT and the single/double-bit (corrected/uncorrected) totals as fields.
 FIELD_ECC_CURRENT = 1
@@ -44,15 +46,25 @@ _KINDS = tuple(
 )
 
 
+@dataclass(frozen=True)
+class EccOptions:
+    aggregate: bool = option(
+        "--collector.ecc.aggregate",
+        False,
+        help="also the board-lifetime (aggregate) ECC counters beside the volatile ones",
+    )
+
+
 class EccCollector(Collector):
     name = "ecc"
     help = "ECC corrected/uncorrected error counters (volatile; aggregate on request)."
     cadence = Cadence.SLOW
     families = (ECC_ERRORS,)
+    options = (EccOptions,)
 
     def __init__(self, device: Device, context: CollectorContext) -> None:
         super().__init__(device, context)
-        aggregate = context.config.ecc_aggregate
+        aggregate = context.options.of(EccOptions).aggregate
         self._kinds = tuple(k for k in _KINDS if aggregate or k[1] == pynvml.NVML_VOLATILE_ECC)
         # The mode and the four totals ride in the slow round's field read (no call of their
         # own); a driver without the fields gets the calls, as before.

@@ -15,6 +15,7 @@ nodes (docs/performance.md). Tensor keeps its own families (``gpu_tensor_active_
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import pynvml
@@ -22,7 +23,15 @@ import pynvml
 from ..devices import Device
 from ..exposition import counter, label_string
 from ..nvml import DeviceCalls
-from .base import Cadence, Collector, CollectorContext, Integral, SampleWriter, clamp_ratio
+from .base import (
+    Cadence,
+    Collector,
+    CollectorContext,
+    Integral,
+    SampleWriter,
+    clamp_ratio,
+    option,
+)
 
 PIPE_SECONDS = counter(
     "gpu_pipe_active_seconds_total",
@@ -49,6 +58,17 @@ EXTRA_GPM_METRICS = tuple(PIPES.values())
 # either): asked for and served only with --collector.pipes.detail (docs/migration.md).
 DETAIL_PIPES = frozenset({pynvml.NVML_GPM_METRIC_INTEGER_UTIL})
 DETAIL_ENGINES = frozenset({"jpeg", "ofa"})
+
+
+@dataclass(frozen=True)
+class EnginesOptions:
+    """Read by the engines collector and by activity, which asks GPM for the pipes."""
+
+    detail: bool = option(
+        "--collector.pipes.detail",
+        False,
+        help="also the integer pipe (GPM) and the JPEG and optical-flow engines",
+    )
 
 
 def gpm_pipes(detail: bool) -> tuple[int, ...]:
@@ -100,12 +120,13 @@ class EnginesCollector(Collector):
     help = "Encoder, decoder, JPEG and OFA utilisation (slow cadence)."
     cadence = Cadence.SLOW
     families = (ENGINE_SECONDS,)
+    options = (EnginesOptions,)
 
     def __init__(self, device: Device, context: CollectorContext) -> None:
         super().__init__(device, context)
         self._totals = PipeTotals()
         self._last_time: float | None = None
-        detail = context.config.pipes_detail
+        detail = context.options.of(EnginesOptions).detail
         self._calls = tuple(c for c in _ENGINE_CALLS if detail or c[0] not in DETAIL_ENGINES)
 
     def collect(self, calls: DeviceCalls, out: SampleWriter) -> None:

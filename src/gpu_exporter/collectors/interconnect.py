@@ -16,6 +16,7 @@ is inactive: a fault, not a GPU with fewer links.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import pynvml
 
@@ -23,7 +24,7 @@ from ..devices import Device
 from ..exposition import counter, gauge, label_string
 from ..nvml import DeviceCalls
 from ..nvml.calls import FieldKey
-from .base import Cadence, Collector, CollectorContext, SampleWriter
+from .base import Cadence, Collector, CollectorContext, SampleWriter, option
 from .counters import CounterField, fields_of
 from .pcie_link import PcieCounters
 
@@ -79,6 +80,17 @@ def link_count(calls: DeviceCalls, values: Mapping[FieldKey, float]) -> int | No
     return 0 if calls.lacks(f"field{LINK_COUNT_FIELD}") else None
 
 
+@dataclass(frozen=True)
+class InterconnectOptions:
+    """Read by both NVLink collectors: the fast counters and the slow link state."""
+
+    per_link: bool = option(
+        "--collector.nvlink.per-link",
+        False,
+        help="NVLink errors and traffic per link (a link label) instead of summed per GPU",
+    )
+
+
 class InterconnectCollector(Collector):
     """The fast interconnect counters: NVLink errors and traffic, PCIe replays and traffic.
 
@@ -90,10 +102,11 @@ class InterconnectCollector(Collector):
     help = "NVLink errors and traffic, PCIe replays and traffic (fast; field values)."
     cadence = Cadence.FAST
     families = (ERRORS, TRANSMIT, RECEIVE, *PcieCounters.families)
+    options = (InterconnectOptions,)
 
     def __init__(self, device: Device, context: CollectorContext) -> None:
         super().__init__(device, context)
-        self._per_link = context.config.nvlink_per_link
+        self._per_link = context.options.of(InterconnectOptions).per_link
         self._fields = context.field_batch(device, self.cadence)
         self._errors = fields_of("nvlink_errors")
         self._fields.want((LINK_COUNT_FIELD,))
@@ -184,10 +197,11 @@ class NvLinkStateCollector(Collector):
     "counters with per-link."
     cadence = Cadence.SLOW
     families = (LINKS, LINK_ACTIVE, ERRORS)
+    options = (InterconnectOptions,)
 
     def __init__(self, device: Device, context: CollectorContext) -> None:
         super().__init__(device, context)
-        self._per_link = context.config.nvlink_per_link
+        self._per_link = context.options.of(InterconnectOptions).per_link
         self._fields = context.field_batch(device, self.cadence)
         self._fields.want((LINK_COUNT_FIELD,))
         self._links: int | None = None

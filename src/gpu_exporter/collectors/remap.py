@@ -7,12 +7,14 @@ then omitted rather than reported as zeros.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pynvml
 
 from ..devices import Device
 from ..exposition import counter, gauge, label_string
 from ..nvml import DeviceCalls
-from .base import Cadence, Collector, CollectorContext, SampleWriter
+from .base import Cadence, Collector, CollectorContext, SampleWriter, option
 
 REMAPPED_ROWS = counter(
     "gpu_remapped_rows_total", "Memory rows remapped, by the error that caused the remap."
@@ -34,15 +36,26 @@ _AVAILABILITY = tuple(
 )
 
 
+@dataclass(frozen=True)
+class RemapOptions:
+    banks: bool = option(
+        "--collector.remap.banks",
+        False,
+        help="the whole spare-row bank histogram (max, high, partial, low, none), not only the "
+        "low and none banks",
+    )
+
+
 class RemapCollector(Collector):
     name = "remap"
     help = "Row remapping counts, pending/failed flags and the banks with few spare rows."
     cadence = Cadence.SLOW
     families = (REMAPPED_ROWS, PENDING, FAILED, BANKS)
+    options = (RemapOptions,)
 
     def __init__(self, device: Device, context: CollectorContext) -> None:
         super().__init__(device, context)
-        every = context.config.remap_banks
+        every = context.options.of(RemapOptions).banks
         self._banks = tuple(a for a in _AVAILABILITY if every or a[0] in _FEW_SPARES)
 
     def collect(self, calls: DeviceCalls, out: SampleWriter) -> None:

@@ -65,7 +65,9 @@ class Sampler:
         self._ledger = ledger
         self._dcgm = dcgm
         self._context = CollectorContext(
-            config=config,
+            fast_interval=config.fast_interval,
+            slow_interval=config.slow_interval,
+            options=config.collector_options,
             clock=clock,
             ledger=ledger,
             mig_profiles=mig_profiles,
