@@ -23,6 +23,7 @@ from typing import Any
 
 from simmeter import SimMeter
 
+from gpu_exporter.app import sampler_settings
 from gpu_exporter.collectors import Cadence, collector_names
 from gpu_exporter.config import Config
 from gpu_exporter.dcgm.readings import DcgmLink
@@ -66,7 +67,7 @@ async def _measure(scenario: Path, rounds: int, warmup: int) -> dict[str, Any]:
     pool = WorkerPool(size=4)
     config = Config(listen_host="127.0.0.1", listen_port=0, collectors=frozenset(collector_names()))
     sampler = Sampler(
-        config,
+        sampler_settings(config),
         pool,
         ledger=ActivityLedger(),
         mig_profiles=MigProfileBook(),

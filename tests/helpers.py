@@ -10,7 +10,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpu_exporter.app import Exporter, build_exporter
+from gpu_exporter.app import Exporter, build_exporter, sampler_settings
 from gpu_exporter.cli import parse_config
 from gpu_exporter.collectors import Cadence, collector_names
 from gpu_exporter.config import Config
@@ -69,7 +69,7 @@ class SharedState:
 
     def sampler(self, config: Config, pool: WorkerPool, **options: Any) -> Sampler:
         return Sampler(
-            config,
+            sampler_settings(config),
             pool,
             ledger=self.ledger,
             mig_profiles=self.mig_profiles,

@@ -30,7 +30,7 @@ from .logs import get_logger
 from .migprofiles import MigProfileBook
 from .nvml import ErrorCounter, WorkerPool
 from .pci import ExpectedGpus
-from .sampler import Sampler
+from .sampler import Sampler, SamplerSettings
 from .xid import XidSettings, XidSubsystem
 
 if TYPE_CHECKING:  # imported when built: ~2.5 MiB RSS (h2, the subsystem); not with --no-allocation
@@ -139,7 +139,12 @@ def build_exporter(config: Config) -> Exporter:
     errors = ErrorCounter()
     dcgm_link = DcgmLink()
     sampler = Sampler(
-        config, pool, ledger=ledger, mig_profiles=mig_profiles, errors=errors, dcgm=dcgm_link
+        sampler_settings(config),
+        pool,
+        ledger=ledger,
+        mig_profiles=mig_profiles,
+        errors=errors,
+        dcgm=dcgm_link,
     )
     sampler.add_source(ExpectedGpus(config.sysfs_path, lambda: _visible_gpus(sampler)))
     # The simulated kubelet serves the allocation subsystem alone: without it, nothing to play.
@@ -192,6 +197,19 @@ def build_exporter(config: Config) -> Exporter:
         web_config=web_config,
         web_workers=web_workers,
         dcgm=dcgm,
+    )
+
+
+def sampler_settings(config: Config) -> SamplerSettings:
+    """The sampler's part of ``config`` (also how tests and the benchmark build a sampler)."""
+    return SamplerSettings(
+        collectors=config.collectors,
+        collector_options=config.collector_options,
+        fast_interval=config.fast_interval,
+        slow_interval=config.slow_interval,
+        nvml_timeout=config.nvml_timeout,
+        init_timeout=config.init_timeout,
+        collector_durations=config.collector_durations,
     )
 
 

@@ -20,7 +20,7 @@ exposition holds, in order), ``selfmetrics.py`` (the sampler's own series), ``he
 (``/healthz``), ``sources.py`` (the protocols other parts implement).
 """
 
-from .core import Sampler
+from .core import Sampler, SamplerSettings
 from .liveness import MAX_PROBE_BACKOFF, GpuState, Liveness
 from .selfmetrics import SELF_FAMILIES
 from .sources import DeviceListener, RoundListener, SampleSource
@@ -34,4 +34,5 @@ __all__ = [
     "RoundListener",
     "SampleSource",
     "Sampler",
+    "SamplerSettings",
 ]

@@ -8,13 +8,13 @@ import asyncio
 import concurrent.futures
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 import pynvml
 
 from ..collectors import ALL_COLLECTORS, Cadence, Collector, CollectorContext
-from ..config import Config
 from ..dcgm.readings import DcgmLink
 from ..devices import Device, DeviceId, Gpu, SystemInfo, discover_gpu, init_nvml
 from ..exposition import Exposition, render, render_blocks
@@ -29,6 +29,7 @@ from ..nvml import (
     WorkerPool,
     error_name,
 )
+from ..settings import CollectorOptions
 from ..ticks import ticks
 from .health import loops_healthy, problems
 from .jobs import Batch, Job, Pending, close_jobs, make_jobs, settle
@@ -41,10 +42,28 @@ from .sources import DeviceListener, RoundListener, SampleSource
 _log = get_logger("sampler")
 
 
+@dataclass(frozen=True)
+class SamplerSettings:
+    """What the sampler is configured with, built from ``Config`` in ``app.sampler_settings``
+    only. ``collectors``: the names switched on; ``init_timeout``: the first ``nvmlInit`` and each
+    discovery; ``collector_durations``: serve each collector's worker time per round."""
+
+    collectors: frozenset[str]
+    collector_options: CollectorOptions
+    fast_interval: float
+    slow_interval: float
+    nvml_timeout: float
+    init_timeout: float
+    collector_durations: bool
+
+    def interval(self, cadence: Cadence) -> float:
+        return self.fast_interval if cadence is Cadence.FAST else self.slow_interval
+
+
 class Sampler:
     def __init__(
         self,
-        config: Config,
+        settings: SamplerSettings,
         pool: WorkerPool,
         *,
         ledger: ActivityLedger,
@@ -58,16 +77,16 @@ class Sampler:
         composition root creates them): the collectors write the first two, and every NVML
         caller counts into ``errors``. ``dcgm`` says which devices DCGM serves and hands the
         activity collectors its readings."""
-        self._config = config
+        self._settings = settings
         self._pool = pool
-        self._collector_types = tuple(c for c in collectors if c.name in config.collectors)
+        self._collector_types = tuple(c for c in collectors if c.name in settings.collectors)
         self._clock = clock
         self._ledger = ledger
         self._dcgm = dcgm
         self._context = CollectorContext(
-            fast_interval=config.fast_interval,
-            slow_interval=config.slow_interval,
-            options=config.collector_options,
+            fast_interval=settings.fast_interval,
+            slow_interval=settings.slow_interval,
+            options=settings.collector_options,
             clock=clock,
             ledger=ledger,
             mig_profiles=mig_profiles,
@@ -78,12 +97,12 @@ class Sampler:
         self._errors = errors
         self._rlog = RateLimitedLog(_log, period=60.0, clock=clock)
         self._outcomes = Outcomes(
-            pool, self._errors, self._rlog, clock=clock, nvml_timeout=config.nvml_timeout
+            pool, self._errors, self._rlog, clock=clock, nvml_timeout=settings.nvml_timeout
         )
         self._sources: list[SampleSource] = []
         self._identities = IdentityCache()
         self._self_metrics = SelfMetrics(
-            (c.name for c in self._collector_types), durations=config.collector_durations
+            (c.name for c in self._collector_types), durations=settings.collector_durations
         )
         self._listeners: list[DeviceListener] = []
         self._round_listeners: list[RoundListener] = []
@@ -110,7 +129,7 @@ class Sampler:
         With ``background=False`` no loop runs: the caller drives rounds with
         :meth:`sample_round` (the benchmark and deterministic tests do).
         """
-        self._system = await self._pool.call(init_nvml, within=self._config.init_timeout)
+        self._system = await self._pool.call(init_nvml, within=self._settings.init_timeout)
         self._nvml_up = True
         for index in range(self._system.gpu_count):
             self._gpus.append(await self._discover_initial(index))
@@ -124,8 +143,8 @@ class Sampler:
         if not background:
             return
         self._tasks = [
-            asyncio.create_task(self._loop(Cadence.FAST, self._config.fast_interval)),
-            asyncio.create_task(self._loop(Cadence.SLOW, self._config.slow_interval)),
+            asyncio.create_task(self._loop(cadence, self._settings.interval(cadence)))
+            for cadence in (Cadence.FAST, Cadence.SLOW)
         ]
 
     async def stop(self) -> None:
@@ -193,7 +212,7 @@ class Sampler:
     def healthy(self) -> bool:
         """The sampler is alive: its loops run and the fast round completed recently."""
         return loops_healthy(
-            self._tasks, self._last_round_end, self._clock(), self._config.fast_interval
+            self._tasks, self._last_round_end, self._clock(), self._settings.fast_interval
         )
 
     def problems(self) -> list[str]:
@@ -218,7 +237,7 @@ class Sampler:
 
     async def _discover_initial(self, index: int) -> GpuState:
         try:
-            gpu = await self._pool.call(self._discovery(index), within=self._config.init_timeout)
+            gpu = await self._pool.call(self._discovery(index), within=self._settings.init_timeout)
         except (DeviceLost, TimeoutError) as exc:
             _log.error("gpu did not answer at startup; will re-probe", gpu=index, error=str(exc))
             state = GpuState(index, None, Liveness.LOST)
@@ -240,9 +259,7 @@ class Sampler:
     async def sample_round(self, cadence: Cadence) -> None:
         """Sample every device for one cadence; on return the exposition shows it, or the next
         read renders it."""
-        interval = (
-            self._config.fast_interval if cadence is Cadence.FAST else self._config.slow_interval
-        )
+        interval = self._settings.interval(cadence)
         try:
             await self._round(cadence, interval)
         except Exception:  # a bug in one round must not stop sampling forever
@@ -260,7 +277,7 @@ class Sampler:
             self._submit_probes(work)
         if cadence is Cadence.SLOW or self._dcgm.take_change():
             self._submit_inventory(work)
-        deadline = min(self._config.nvml_timeout, interval)
+        deadline = min(self._settings.nvml_timeout, interval)
         self._submit_jobs(cadence, work)
         await settle(work, deadline)
 
