@@ -135,3 +135,82 @@ def test_no_module_imports_itself_back() -> None:
         if module not in state:
             visit(module)
     assert not cycles, "import cycles: " + "; ".join(cycles)
+
+
+# The walks a newcomer follows through the code: each numbered step names modules (``x/y.py``)
+# and, beside them, what to look for there.
+WALKS = ("An NVML sample to /metrics bytes",)
+_NAME = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)?")
+
+
+def defined_names(path: Path) -> tuple[set[str], dict[str, set[str]]]:
+    """What a module defines or imports at its top, and each of its classes' members (methods,
+    class attributes and what the methods assign to ``self``)."""
+    tree = ast.parse(path.read_text())
+    names: set[str] = set()
+    classes: dict[str, set[str]] = {}
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(t.id for t in targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        if isinstance(node, ast.ClassDef):
+            members = classes[node.name] = set()
+            for sub in ast.walk(node):
+                if isinstance(sub, ast.FunctionDef | ast.AsyncFunctionDef):
+                    members.add(sub.name)
+                elif isinstance(sub, ast.AnnAssign) and isinstance(sub.target, ast.Name):
+                    members.add(sub.target.id)
+                elif isinstance(sub, ast.Assign):
+                    members.update(t.id for t in sub.targets if isinstance(t, ast.Name))
+                    members.update(
+                        t.attr
+                        for t in sub.targets
+                        if isinstance(t, ast.Attribute) and ast.unparse(t.value) == "self"
+                    )
+    return names, classes
+
+
+def walk_steps(title: str) -> list[str]:
+    section = DESIGN.split(f"### {title}\n", 1)[1].lstrip("\n")
+    steps = re.split(r"\n(?=\d+\. )", section.split("\n\n", 1)[0])
+    return [step for step in steps if re.match(r"\d+\. ", step)]
+
+
+def walk_problems(step: str) -> list[str]:
+    """What ``step`` names that the code does not have where the step says."""
+    problems: list[str] = []
+    tokens = re.findall(r"`([^`]+)`", step)
+    modules = [PACKAGE / t for t in tokens if t.endswith(".py")]
+    problems += [f"no module {m.relative_to(PACKAGE)}" for m in modules if not m.is_file()]
+    here = [defined_names(m) for m in modules if m.is_file()]
+    everywhere = {module_name(p).removeprefix("gpu_exporter."): p for p in MODULES}
+    for token in tokens:
+        if token.endswith((".py", "/")) or not _NAME.fullmatch(token):
+            continue  # a module, a room, a flag or an expression
+        owner, _, member = token.rpartition(".")
+        if owner in everywhere:  # module.name
+            found = member in defined_names(everywhere[owner])[0]
+        elif owner:  # Class.member: the class wherever it is defined
+            found = any(
+                member in defined_names(p)[1].get(owner, set()) for p in everywhere.values()
+            )
+        else:
+            found = any(token in names or any(token in m for m in c.values()) for names, c in here)
+        if not found:
+            named = ", ".join(t for t in tokens if t.endswith(".py"))
+            problems.append(f"{token} is not in {named}")
+    return problems
+
+
+def test_the_walks_name_modules_that_hold_what_each_step_says() -> None:
+    problems = []
+    for title in WALKS:
+        steps = walk_steps(title)
+        assert steps, f"docs/design.md has no numbered walk '{title}'"
+        for number, step in enumerate(steps, 1):
+            problems += [f"{title}, step {number}: {p}" for p in walk_problems(step)]
+    assert not problems, "docs/design.md's walks disagree with the code: " + "; ".join(problems)

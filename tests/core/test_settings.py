@@ -4,13 +4,16 @@ the environment and the README flags table follow that one declaration."""
 from __future__ import annotations
 
 import re
+from dataclasses import fields, replace
 from pathlib import Path
 
 import pytest
 
+from gpu_exporter.app import sampler_settings
 from gpu_exporter.cli import UsageError, _env_args, all_flags, build_parser, parse_config
 from gpu_exporter.collectors import ALL_COLLECTORS, option_classes
 from gpu_exporter.config import Config
+from gpu_exporter.sampler import SamplerSettings
 from gpu_exporter.settings import Flag, declared_flags, format_duration, parse_duration
 
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
@@ -92,3 +95,15 @@ def test_the_pod_resources_socket_is_unset_unless_given() -> None:
     assert parse_config([], environ={}).pod_resources_socket is None
     given = parse_config(["--simulate", "--pod-resources-socket=k.sock"], environ={})
     assert given.pod_resources_socket == Path("k.sock")
+
+
+def test_the_sampler_settings_are_the_config_fields_of_their_names() -> None:
+    """``app.sampler_settings`` is the one place they are built: none left out or crossed."""
+    flags = ["--fast-interval=2s", "--slow-interval=45s", "--nvml-timeout=3s"]
+    flags += ["--collector-durations", "--no-collector.power", "--collector.ecc.aggregate"]
+    config = replace(parse_config(flags, environ={}), init_timeout=7.0)
+    settings = sampler_settings(config)
+    for field in fields(SamplerSettings):
+        expected = getattr(config, field.name)
+        assert expected != getattr(Config(), field.name), f"{field.name}: give it a non-default"
+        assert getattr(settings, field.name) == expected, f"SamplerSettings.{field.name}"
