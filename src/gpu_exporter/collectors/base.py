@@ -46,7 +46,7 @@ class Scope(Enum):
 
 @dataclass(frozen=True)
 class CollectorContext:
-    """What a collector may depend on besides NVML: its cadence's interval, its options, a clock
+    """What a collector may depend on besides NVML: the cadences' intervals, its options, a clock
     and the state it shares with other parts."""
 
     fast_interval: float
