@@ -252,6 +252,58 @@ timeline:
     assert pynvml.nvmlDeviceGetComputeRunningProcesses(handle) == []
 
 
+def test_processes_start_and_stop_without_an_allocation(
+    make_node: MakeNode, tmp_path: pathlib.Path
+) -> None:
+    """A job over SSH and a deleted pod's zombie start at an event and end at another: NVML lists
+    them meanwhile, the kubelet never lists the zombie's pod, and the rest of the node stays."""
+    node = make_node(NODE)
+    kubelet = SimulatedKubelet(node, files_root=tmp_path)
+    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    applied = node.inject_many(
+        [
+            {"type": "workload_start", "gpu": 0, "host": True, "pid": 5001, "memory": "1GiB"},
+            {
+                "type": "workload_start",
+                "gpu": 0,
+                "pod": "old",
+                "namespace": "batch",
+                "pid": 5002,
+                "memory": "2GiB",
+                "deleted": True,
+            },
+        ],
+        "<test>",
+    )
+    assert [a["type"] for a in applied] == ["workload_start", "workload_start"]
+    listed = {p.pid: p.usedGpuMemory for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)}
+    assert listed == {4242: 0, 5001: 1 << 30, 5002: 2 << 30}
+    assert kubelet.state().running == [("prod", "web", "main")], "a deleted pod is not listed"
+    node.inject({"type": "workload_stop", "pid": 5002})
+    node.inject({"type": "workload_stop", "pid": 5001})
+    assert [p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)] == [4242]
+
+
+@pytest.mark.parametrize(
+    ("event", "error"),
+    [
+        ({"type": "workload_start", "gpu": 0}, "<test>: pid: required key is missing"),
+        (
+            {"type": "workload_start", "gpu": 0, "pid": 7, "host": True, "pod": "p"},
+            "<test>: pod: a host process (host: true) has no pod",
+        ),
+        ({"type": "workload_stop"}, "<test>: pid: required key is missing"),
+    ],
+)
+def test_a_process_event_without_what_it_needs_is_refused(
+    make_node: MakeNode, event: dict[str, object], error: str
+) -> None:
+    node = make_node(NODE)
+    with pytest.raises(ScenarioError) as caught:
+        node.inject_many(event, "<test>")
+    assert str(caught.value) == error
+
+
 def test_the_kubelets_reads_wait_for_no_nvml_call_between_events(
     make_node: MakeNode, clock: FakeClock, tmp_path: pathlib.Path
 ) -> None:

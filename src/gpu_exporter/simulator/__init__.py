@@ -28,7 +28,8 @@ Scenario schema (full reference with examples in ``docs/simulator.md``)::
     timeline:    - {at: 90s, repeat: every 10m, type: <event type>, ...}
 
 Event types: xid, sxid, gpu_lost, gpu_recovered, throttle, ecc, row_remap, row_remap_failure,
-retired_pages, recovery_action, allocate, release, hang, unhang. Models: see
+retired_pages, recovery_action, allocate, release, workload_start,
+workload_stop, hang, unhang. Models: see
 ``data/models.yaml``. Invalid input raises :class:`ScenarioError`:
 ``<file>: <key.path[2].sub>: <reason>``.
 """

@@ -232,6 +232,19 @@ def _release(body: Mapping[str, Any], path: str, gpus: Sequence[GpuSpec]) -> Par
     }
 
 
+def _workload_start(body: Mapping[str, Any], path: str, gpus: Sequence[GpuSpec]) -> Params:
+    """A process starts on a device now: a ``workloads`` entry (checked for its form only, as
+    ``allocate`` is), with the ``pid`` that ``workload_stop`` names it by."""
+    from gpu_exporter.simulator.scenario import device_of
+
+    gpu, mig = device_of(body, path, gpus)
+    return {"workload": build_workload(body, path, gpu, mig)}
+
+
+def _workload_stop(body: Mapping[str, Any], path: str, gpus: Sequence[GpuSpec]) -> Params:
+    return {"pid": s.integer(body["pid"], s.key(path, "pid"), 1, 2**22)}
+
+
 def _hang(body: Mapping[str, Any], path: str, gpus: Sequence[GpuSpec]) -> Params:
     from gpu_exporter.simulator.dcgm_library import DCGM_FUNCTIONS
     from gpu_exporter.simulator.library import C_FUNCTIONS  # the library needs this module
@@ -400,6 +413,8 @@ EVENT_TYPES: Mapping[str, EventType] = {
     "mig_reconfigure": _type({"gpu", "mig"}, {"gpu", "mig"}, _mig_reconfigure),
     "allocate": _type({*ALLOCATION_KEYS, "workload"}, {"gpu", "pod"}, _allocate),
     "release": _type({"pod", "namespace", "gpu"}, {"pod"}, _release),
+    "workload_start": _type(WORKLOAD_KEYS, {"gpu", "pid"}, _workload_start),
+    "workload_stop": _type({"pid"}, {"pid"}, _workload_stop),
     "dcgm_restart": _type({"downtime"}, set(), _dcgm_restart),
     "dcgm_profiling": _type({"gpu", "state"}, _GPU, _dcgm_profiling),
     "hang": _type({"function", "gpu", "duration"}, set(), _hang),

@@ -411,6 +411,15 @@ class SimulatedNode(DcgmHost, LinkEvents):
                     if not matches(w.spec.pod, w.spec.namespace, gpu.index)
                 ]
 
+    def _on_workload_start(self, p: Mapping[str, Any], t: float) -> None:
+        self._start_workload(p["workload"], t)
+
+    def _on_workload_stop(self, p: Mapping[str, Any], t: float) -> None:
+        pid = p["pid"] + self.pid_offset
+        for gpu in self.gpus:
+            for device in [gpu, *gpu.migs]:
+                device.workloads = [w for w in device.workloads if w.pid != pid]
+
     def _on_hang(self, p: Mapping[str, Any], t: float) -> None:
         deadline = None if p["duration"] is None else time.monotonic() + p["duration"]
         self.hangs.append(Hang(p["function"], p["gpu"], deadline))
