@@ -14,7 +14,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +57,7 @@ from .incidents import (
     ksm_scrape_config,
     kube_state_metrics,
 )
+from .webhook import Webhook
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -88,50 +89,6 @@ ALLOCATION_METRICS = (
     "fleet:gpu_reclaimable",
     "device:gpu_allocat",
 )
-
-
-# ---- webhook receiver ---------------------------------------------------------------------------
-
-
-@dataclass
-class Webhook:
-    """Alertmanager webhook notifications, by receiver (the URL path)."""
-
-    notifications: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
-    changed: asyncio.Condition = field(default_factory=asyncio.Condition)
-    url: str = ""
-
-    async def handle(self, request: web.Request) -> web.Response:
-        payload = await request.json()
-        async with self.changed:
-            self.notifications.append((request.match_info["receiver"], payload))
-            self.changed.notify_all()
-        return web.Response(text="ok")
-
-    def alerts(self, receiver: str) -> list[dict[str, Any]]:
-        return [
-            alert
-            for name, payload in self.notifications
-            if name == receiver
-            for alert in payload["alerts"]
-            if alert["status"] == "firing"
-        ]
-
-    async def wait_for_alert(
-        self, receiver: str, match: Callable[[dict[str, str]], bool], within: float = DEADLINE
-    ) -> dict[str, Any]:
-        def found() -> dict[str, Any] | None:
-            return next((a for a in self.alerts(receiver) if match(a["labels"])), None)
-
-        async with self.changed:
-            try:
-                await asyncio.wait_for(self.changed.wait_for(lambda: found() is not None), within)
-            except TimeoutError:
-                seen = [(r, [a["labels"] for a in p["alerts"]]) for r, p in self.notifications]
-                pytest.fail(f"no matching alert reached {receiver} in {within:.0f}s; got {seen}")
-        alert = found()
-        assert alert is not None
-        return alert
 
 
 # ---- the stack ----------------------------------------------------------------------------------
