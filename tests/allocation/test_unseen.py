@@ -104,9 +104,14 @@ async def test_pods_running_on_a_device_they_do_not_hold_are_process_holders(
         ("1", "frac-b", "process"),
     }
     values = series(subsystem.samples())
-    memory = "gpu_container_memory_used_bytes"
-    assert one(values, memory, 'pod="peek"') == 4 * GIB
-    assert one(values, memory, 'pod="frac-a"') == 20 * GIB
+    memory = {
+        k.split('pod="')[1].split('"')[0]: v
+        for k, v in named(values, "gpu_container_memory_used_bytes").items()
+    }
+    assert memory == {"owner": 10 * GIB, "peek": 4 * GIB, "frac-a": 20 * GIB, "frac-b": 10 * GIB}, (
+        "each pod its own processes' memory: the holder is not charged for the unrequested "
+        "pod's, the reservation pod (no process) for its fractional pods'"
+    )
     unattributed = "gpu_unattributed_memory_used_bytes"
     assert named(values, unattributed) == {
         f"{unattributed}{{{key}}}": value
@@ -142,6 +147,7 @@ async def test_another_pods_kernels_are_not_the_holders_activity(
     assert gained(idle, 'pod="owner"') == pytest.approx(elapsed, abs=1.6), (
         "the holder stays idle while a pod without a request keeps its GPU busy"
     )
+    assert gained(active, 'pod="owner"') <= 0.5, "nor is it charged for the other pod's kernels"
     assert gained(active, 'pod="peek"') == pytest.approx(elapsed, abs=1.6)
     assert gained(idle, 'pod="peek"') <= 0.5, "the busy unrequested pod is not idle"
     assert gained(active, 'pod="frac-a"') == pytest.approx(elapsed, abs=1.6)
