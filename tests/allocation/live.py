@@ -19,11 +19,16 @@ from tests.helpers import SharedState
 
 @asynccontextmanager
 async def live_builtin_node(
-    fast: float, pool_name: str, scenario: Scenario | None = None
+    fast: float,
+    pool_name: str,
+    scenario: Scenario | None = None,
+    *,
+    node: SimulatedNode | None = None,
 ) -> AsyncIterator[tuple[Sampler, AllocationSubsystem]]:
-    """Started sampler and subsystem polling every ``fast`` seconds (on ``scenario``, else the
-    built-in node); everything stopped after."""
-    node = SimulatedNode(scenario or load_scenario(None))
+    """Started sampler and subsystem polling every ``fast`` seconds (on ``node``, a test's to
+    inject events into, else on ``scenario``, else the built-in node); everything stopped
+    after."""
+    node = node or SimulatedNode(scenario or load_scenario(None))
     install(node)
     pool = WorkerPool(size=4, name=pool_name)
     config = Config(fast_interval=fast, slow_interval=30.0, collectors=frozenset(collector_names()))

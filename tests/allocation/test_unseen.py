@@ -3,9 +3,10 @@ a KAI-style reservation pod and the fractional pods on its device, a host proces
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from gpu_exporter.devices import Device
 from gpu_exporter.ledger import ActivityLedger
 from gpu_exporter.nvml import WorkerPool
 from gpu_exporter.sampler import Sampler
-from gpu_exporter.simulator import loads_scenario
+from gpu_exporter.simulator import SimulatedNode, loads_scenario
 from gpu_exporter.simulator.procfs import cgroup_text, container_id, pod_uid
 
 from .helpers import UUID_A, FakeKubelet, devices, named, series
@@ -218,6 +219,101 @@ async def test_series_stay_bounded_while_a_thousand_processes_come_and_go(
         + 2 * per_device  # unattributed SM seconds: two classes on each sampled device
     ), "\n".join(sorted(mine))
     await sub.stop()
+
+
+BOUNDED_SCENARIO = """
+gpus: [{model: H100-SXM-80GB, count: 2}]
+workloads:
+  - {gpu: 0, pod: owner, namespace: ml, container: main, pid: 1001, memory: 10GiB, sm: 0.2}
+allocations:
+  - {gpu: 0, pod: owner, namespace: ml, container: main}
+"""
+
+
+def batch_of_processes(pids: range) -> tuple[list[dict[str, object]], dict[int, str]]:
+    """Start events for one batch on GPU 0, a third each: jobs over SSH, zombies of ever new
+    deleted pods, a debugging pod's ever new processes; and the class each must get."""
+    events: list[dict[str, object]] = []
+    expected: dict[int, str] = {}
+    for pid in pids:
+        event: dict[str, object] = {"type": "workload_start", "gpu": 0, "pid": pid}
+        event |= {"memory": "32MiB", "sm": 0.001}
+        kind = pid % 3
+        if kind == 0:
+            event["host"], expected[pid] = True, "no_pod"
+        elif kind == 1:
+            event |= {"pod": f"job-{pid}", "namespace": "batch", "deleted": True}
+            expected[pid] = "gone"
+        else:
+            event |= {"pod": "shell", "namespace": "debug", "unrequested": True}
+            expected[pid] = "not_held"
+        events.append(event)
+    return events, expected
+
+
+MINE = ("gpu_unattributed_", "gpu_allocation_info", "gpu_container_", "gpu_allocated_")
+
+
+async def test_series_stay_bounded_on_the_simulator_while_a_thousand_processes_come_and_go() -> (
+    None
+):
+    """The same on the simulated node, through its NVML process lists, /proc cgroups and kubelet:
+    four batches of 250 distinct processes start and exit by simulator events. Read at every
+    poll, the series over all 1,000 are one batch's, plus at most the bucket per device for
+    processes the last scan has not mapped yet; once they exit, their memory and the holder they
+    made leave."""
+    node = SimulatedNode(loads_scenario(BOUNDED_SCENARIO, "bounded.yaml"))
+    seen: set[str] = set()
+
+    async def poll_until(done: Callable[[dict[int, str], set[str]], bool], what: str) -> None:
+        for _ in range(200):  # polls, a quarter of a second each
+            await subsystem.wait_for_poll()
+            subsystem.update()
+            current = {k for k in series(subsystem.samples()) if k.startswith(MINE)}
+            seen.update(current)
+            classes = {p.process.pid: p.process_class for p in subsystem.processes}
+            if done(classes, current):
+                return
+        pytest.fail(f"{what}: the last scan's classes {classes}")
+
+    def classed(expected: dict[int, str]) -> Callable[[dict[int, str], set[str]], bool]:
+        """Every process of the batch classed, and the debugging pod's activity read."""
+        active = "gpu_container_sm_active_seconds_total"
+        return lambda classes, current: (
+            all(classes.get(pid) == want for pid, want in expected.items())
+            and any(k.startswith(active) and 'pod="shell"' in k for k in current)
+        )
+
+    async with live_builtin_node(FAST, "test-unseen-bounded", node=node) as (_, subsystem):
+        first_batch: set[str] = set()
+        for first in range(20_000, 21_000, 250):
+            events, expected = batch_of_processes(range(first, first + 250))
+            await asyncio.to_thread(node.inject_many, events, "<test>")
+            await poll_until(classed(expected), f"the batch from pid {first} classed")
+            first_batch = first_batch or set(seen)
+            stops = [{"type": "workload_stop", "pid": pid} for pid in expected]
+            await asyncio.to_thread(node.inject_many, stops, "<test>")
+        await poll_until(lambda classes, _: set(classes) == {1001}, "every batch gone")
+        after = {k for k in series(subsystem.samples()) if k.startswith(MINE)}
+    unmapped = {k for k in seen if k.startswith("gpu_container_") and 'pod="",container=""' in k}
+    assert seen - unmapped == first_batch - unmapped, "a batch of new processes added series"
+    assert len(unmapped) <= 3 * 2, "three series per device for processes not mapped yet"
+    pids = range(20_000, 21_000)
+    assert not [k for k in seen if "job-" in k or any(f"{pid}" in k for pid in pids)], (
+        "a PID or a deleted pod's name became a label"
+    )
+    assert {k.split('pod="')[1].split('"')[0] for k in seen if 'pod="' in k} <= {
+        "owner",
+        "shell",
+        "",
+    }
+    # (its counters stay for a retention window, as any released holder's and container's do)
+    holder = ("gpu_allocation_info", "gpu_container_memory_used_bytes")
+    left = [k for k in after if 'pod="shell"' in k and k.startswith(holder)]
+    assert not left, "the pod without a request is no holder once its processes exit"
+    assert not named(dict.fromkeys(after, 0.0), "gpu_unattributed_memory_used_bytes"), (
+        "no memory is held by what is gone"
+    )
 
 
 def write_cgroup(root: Path, pid: int, uid: str) -> None:
