@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .dcgm.target import Target, parse_target
-from .http.webconfig import WebConfig
 from .logs import LEVELS
 from .settings import (
     COUNT,
@@ -27,6 +26,7 @@ from .settings import (
     choice,
     setting,
 )
+from .websecurity import WebConfig
 
 DEFAULT_PORT = 9445  # dcgm-exporter uses 9400 and nvidia_gpu_exporter 9835
 BUILTIN_SCENARIO = "builtin"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import base64
 
-from gpu_exporter.http.webconfig import RateLimit
 from gpu_exporter.http.webguard import PasswordCheck, TokenBucket, Verdict
+from gpu_exporter.websecurity import RateLimit
 from tests.helpers import ManualClock
 from tests.web_helpers import bcrypt_hash
 

@@ -7,7 +7,7 @@
   SANs, basic auth, body and write timeouts; rejection counters; aiohttp's server log into the
   structured log.
 - ``webconfig.py``: the exporter-toolkit web config file (``--web.config.file``) parsed into a
-  frozen :class:`~gpu_exporter.http.webconfig.WebConfig`.
+  frozen :class:`~gpu_exporter.websecurity.WebConfig`.
 - ``webreload.py``: follows that file while running (certificates, users) and swaps it in.
 - ``admin.py``: the opt-in admin API (``--web.enable-admin-api``).
 

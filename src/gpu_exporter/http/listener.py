@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from ..logs import get_logger
+from ..websecurity import WebConfig
 from .server import server_settings
-from .webconfig import WebConfig
 from .webguard import RequestGuard, ServerLog
 
 _log = get_logger("app")

@@ -26,13 +26,13 @@ import ssl
 import stat
 import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any, NoReturn
 
 from .. import safeyaml
 from ..safeyaml import quote
+from ..websecurity import RateLimit, TlsSettings, WebConfig
 
 # A web config has a few dozen values; aliases may not expand it beyond this (billion laughs).
 MAX_YAML_NODES = 10_000
@@ -114,42 +114,6 @@ class _Invalid(Exception):
         super().__init__(path, reason)
         self.path = path
         self.reason = reason
-
-
-@dataclass(frozen=True)
-class TlsSettings:
-    """The server side of TLS. ``client_auth`` is the configured type. ``fixed`` holds what a
-    running listener cannot change (the protocol versions, cipher suites and whether client
-    certificates are asked for are set when a connection starts; only the certificate, key and
-    client CAs follow a newer context): a reload that changes it needs a restart."""
-
-    context: ssl.SSLContext = field(compare=False, repr=False)
-    client_auth: str
-    client_allowed_sans: frozenset[str]
-    fixed: tuple[Any, ...] = ()
-
-
-@dataclass(frozen=True)
-class RateLimit:
-    """A token bucket: one request per ``interval`` seconds, up to ``burst`` at once."""
-
-    interval: float
-    burst: int
-
-
-@dataclass(frozen=True)
-class WebConfig:
-    source: Path
-    tls: TlsSettings | None = None
-    users: tuple[tuple[str, bytes], ...] = ()  # user -> bcrypt hash
-    headers: tuple[tuple[str, str], ...] = ()
-    rate_limit: RateLimit | None = None
-    # The files it was built from (itself, certificate, key, client CAs): what a reload watches.
-    files: tuple[Path, ...] = ()
-
-    @property
-    def auth_required(self) -> bool:
-        return bool(self.users)
 
 
 def load_web_config(path: Path) -> WebConfig:

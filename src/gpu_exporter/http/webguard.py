@@ -27,7 +27,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from ..exposition import Family, Sample, counter, label_string
 from ..logs import RateLimitedLog, get_logger
-from .webconfig import RateLimit, WebConfig
+from ..websecurity import RateLimit, WebConfig
 
 HEALTH_PATHS = frozenset({"/healthz", "/readyz"})
 REALM = 'Basic realm="gpu-exporter", charset="UTF-8"'

@@ -30,7 +30,8 @@ from pathlib import Path
 
 from ..exposition import Family, Sample, counter, gauge, label_string
 from ..logs import RateLimitedLog, get_logger
-from .webconfig import WebConfig, WebConfigError, load_web_config
+from ..websecurity import WebConfig
+from .webconfig import WebConfigError, load_web_config
 
 RELOADS = counter(
     "gpu_exporter_web_config_reloads_total",
