@@ -23,20 +23,21 @@ from simmeter import install_dump, meter_kubelet, metered_install
 from gpu_exporter import cli
 
 
-def _metered_kubelet(original: Any) -> Any:
-    def build(simulation: Any) -> Any:
-        kubelet = original(simulation)
-        meter_kubelet(kubelet)
-        return kubelet
+def _metered_host(original: Any) -> Any:
+    """``simulator.host.simulated_host`` with its kubelet metered."""
+
+    def build(config: Any) -> Any:
+        simulated = original(config)
+        meter_kubelet(simulated.kubelet)
+        return simulated
 
     return build
 
 
 if __name__ == "__main__":
-    import gpu_exporter.app as app
-    import gpu_exporter.simulator as simulator
+    import gpu_exporter.simulator.host as host
 
-    simulator.install = metered_install(simulator.install)  # app imports it at call time
-    app._simulated_kubelet = _metered_kubelet(app._simulated_kubelet)
+    host.install = metered_install(host.install)  # the simulated host installs its node with it
+    host.simulated_host = _metered_host(host.simulated_host)  # the CLI imports it at call time
     install_dump()
     cli.main()

@@ -11,7 +11,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpu_exporter.app import Exporter, build_exporter, sampler_settings
-from gpu_exporter.cli import parse_config
+from gpu_exporter.cli import host_for, parse_config
 from gpu_exporter.collectors import Cadence, collector_names
 from gpu_exporter.config import Config
 from gpu_exporter.dcgm.readings import DcgmLink
@@ -20,6 +20,7 @@ from gpu_exporter.migprofiles import MigProfileBook
 from gpu_exporter.nvml import ErrorCounter, WorkerPool
 from gpu_exporter.sampler import Sampler
 from gpu_exporter.simulator import SimulatedNode, install, loads_scenario, uninstall
+from gpu_exporter.simulator.host import SimulatedHost, simulated_host
 
 Series = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -156,10 +157,31 @@ async def simulated_sampler(
         uninstall()
 
 
+def simulated_exporter(config: Config) -> tuple[Exporter, SimulatedHost]:
+    """The whole exporter built from ``config`` (``--simulate``'s) on the simulated node, which
+    the test drives (events, hangs, the kubelet) as the simulator's control API would."""
+    simulated = simulated_host(config)
+    return build_exporter(config, simulated.host), simulated
+
+
 @asynccontextmanager
 async def running_exporter(config: Config) -> AsyncIterator[Exporter]:
-    """The whole exporter built from ``config``, started, with its first fast round rendered."""
-    exporter = build_exporter(config)
+    """The whole exporter built from ``config`` as the CLI builds it, started, with its first
+    fast round rendered."""
+    async with started(build_exporter(config, host_for(config))) as exporter:
+        yield exporter
+
+
+@asynccontextmanager
+async def running_simulation(config: Config) -> AsyncIterator[tuple[Exporter, SimulatedHost]]:
+    """:func:`running_exporter` on the simulated node, handed to the test beside it."""
+    exporter, simulated = simulated_exporter(config)
+    async with started(exporter):
+        yield exporter, simulated
+
+
+@asynccontextmanager
+async def started(exporter: Exporter) -> AsyncIterator[Exporter]:
     await exporter.start()
     try:
         await exporter.sampler.wait_for_rounds(Cadence.FAST, 1)

@@ -6,19 +6,18 @@ import asyncio
 import functools
 import os
 import signal
-import tempfile
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 from aiohttp import web
 
-from .config import DEFAULT_POD_RESOURCES_SOCKET, Config
+from .config import Config
 from .dcgm.readings import DcgmLink
+from .host import Host
 from .http.admin import admin_routes
 from .http.listener import WebServer, listen
 from .http.server import make_web_app
@@ -34,6 +33,7 @@ from .sampler import Sampler, SamplerSettings
 from .xid import XidSettings, XidSubsystem
 
 if TYPE_CHECKING:  # imported when built: ~2.5 MiB RSS (h2, the subsystem); not with --no-allocation
+    from .allocation.jobgpus import JobSource
     from .allocation.subsystem import AllocationSubsystem
     from .dcgm.service import DcgmService  # with the binding: only with --dcgm.*
 
@@ -45,14 +45,13 @@ class Exporter:
     """The parts of a running exporter, started and stopped together."""
 
     config: Config
+    host: Host  # where its inputs come from: this machine, or a simulated node
     pool: WorkerPool
     sampler: Sampler
     web_app: web.Application
     xid: XidSubsystem
     guard: RequestGuard  # limits and authentication of every request
     allocation: AllocationSubsystem | None = None
-    simulation: Any = None  # a SimulatedNode under --simulate
-    kubelet: Any = None  # its SimulatedKubelet (pod-resources server, proc and pod-log trees)
     web_server: WebServer | None = None  # once started
     web_config: WebConfigReloader | None = None  # with --web.config.file
     web_workers: ThreadPoolExecutor | None = None  # web config reads and bcrypt (web side's own)
@@ -66,8 +65,7 @@ class Exporter:
         return self.web_server.port
 
     async def start(self) -> None:
-        if self.kubelet is not None:
-            await self.kubelet.start()
+        await self.host.start()
         await self.sampler.start()  # NVML up and devices known before the other sources start
         if self.dcgm is not None:
             await self.dcgm.start()
@@ -91,21 +89,19 @@ class Exporter:
         if self.dcgm is not None:
             steps.append(("dcgm", self.dcgm.stop))
         steps.append(("sampler", self.sampler.stop))
-        if self.kubelet is not None:
-            steps.append(("simulated kubelet", self.kubelet.close))
         for name, step in steps:
-            try:
-                await step()
-            except Exception:  # keep stopping the rest; the process is on its way out
-                _log.exception("stop failed", part=name)
+            await _stop_part(name, step)
         if self.web_workers is not None:
             self.web_workers.shutdown(wait=False, cancel_futures=True)
         self.pool.shutdown()
-        if self.simulation is not None:
-            from .simulator import uninstall
+        await _stop_part("host", self.host.close)
 
-            self.simulation.close()
-            uninstall()
+
+async def _stop_part(name: str, step: Callable[[], Awaitable[None]]) -> None:
+    try:
+        await step()
+    except Exception:  # keep stopping the rest; the process is on its way out
+        _log.exception("stop failed", part=name)
 
 
 async def start_web_server(
@@ -121,14 +117,10 @@ async def start_web_server(
     )
 
 
-def build_exporter(config: Config) -> Exporter:
-    """Wire every part from ``config``; nothing starts until :meth:`Exporter.start`."""
+def build_exporter(config: Config, host: Host) -> Exporter:
+    """Wire every part from ``config``, reading the node through ``host``; nothing starts until
+    :meth:`Exporter.start`."""
     pool = WorkerPool(size=_pool_size())
-    simulation = None
-    extra_routes: Iterable[web.RouteDef] = ()
-    if config.simulator is not None:
-        simulation, extra_routes = _start_simulation(config)
-        config = _simulated_paths(config, simulation)
     # State several parts share, created here and handed to each part that reads or writes it:
     # the collectors' activity integrals and MIG profile tables (allocation accounts and
     # right-sizes from them), the NVML error counts (process listing calls NVML too), and which
@@ -146,20 +138,18 @@ def build_exporter(config: Config) -> Exporter:
         errors=errors,
         dcgm=dcgm_link,
     )
-    sampler.add_source(ExpectedGpus(config.sysfs_path, lambda: _visible_gpus(sampler)))
-    # The simulated kubelet serves the allocation subsystem alone: without it, nothing to play.
-    kubelet = _simulated_kubelet(simulation) if config.allocation else None
+    sampler.add_source(ExpectedGpus(host.sysfs_path, lambda: _visible_gpus(sampler)))
     allocation = None
     if config.allocation:
         allocation = _build_allocation(
-            config, sampler, pool, kubelet, ledger=ledger, mig_profiles=mig_profiles, errors=errors
+            config, host, sampler, pool, ledger=ledger, mig_profiles=mig_profiles, errors=errors
         )
         sampler.add_source(allocation)
         sampler.add_round_listener(allocation)
-    dcgm = _build_dcgm(config, sampler, pool, simulation, dcgm_link)
+    dcgm = _build_dcgm(config, host, sampler, pool, dcgm_link)
     if dcgm is not None:
         sampler.add_source(dcgm)
-    xid = _build_xid(config, sampler, simulation, allocation)
+    xid = _build_xid(config, host, sampler, allocation)
     sampler.add_source(xid)
     sampler.add_listener(xid)
     # Web config reloads and bcrypt on threads of their own: what they wait on (a file, a login
@@ -179,21 +169,21 @@ def build_exporter(config: Config) -> Exporter:
     if config.web is not None:
         web_config = WebConfigReloader(config.web, guard.apply, executor=web_workers)
         sampler.add_source(web_config)
+    extra_routes = list(host.routes)
     if config.web_enable_admin_api:
         checked = bool(config.web and config.web.auth_required)
-        extra_routes = [*extra_routes, *admin_routes(xid, credentials_checked=checked)]
+        extra_routes += admin_routes(xid, credentials_checked=checked)
     processes = partial(_unheld_processes, allocation) if allocation is not None else None
     web_app = make_web_app(sampler, extra_routes, guard, processes)
     return Exporter(
         config,
+        host,
         pool,
         sampler,
         web_app,
         xid,
         guard,
         allocation,
-        simulation,
-        kubelet,
         web_config=web_config,
         web_workers=web_workers,
         dcgm=dcgm,
@@ -214,21 +204,16 @@ def sampler_settings(config: Config) -> SamplerSettings:
 
 
 def _build_dcgm(
-    config: Config, sampler: Sampler, pool: WorkerPool, simulation: Any, link: DcgmLink
+    config: Config, host: Host, sampler: Sampler, pool: WorkerPool, link: DcgmLink
 ) -> DcgmService | None:
-    """The DCGM activity source; under --simulate the simulated node's fake libdcgm."""
+    """The DCGM activity source, on the host's DCGM library."""
     target = config.dcgm_target
     if target is None:
         return None
-    from .dcgm.library import DcgmLibrary
     from .dcgm.service import DcgmService
 
-    library: Callable[[], DcgmLibrary] = DcgmLibrary.load
-    if simulation is not None:
-        fake = simulation.dcgm_library
-        library = partial(DcgmLibrary, fake)
     return DcgmService(
-        library=library,
+        library=host.dcgm_library,
         target=target,
         devices=sampler.devices,
         link=link,
@@ -243,48 +228,9 @@ def _pool_size() -> int:
     return max(4, min(16, (os.cpu_count() or 2) * 2))
 
 
-def _start_simulation(config: Config) -> tuple[Any, Iterable[web.RouteDef]]:
-    from .simulator import SimulatedNode, install, load_scenario
-    from .simulator.control import make_routes
-
-    assert config.simulator is not None
-    scenario = load_scenario(config.simulator.scenario)
-    node = SimulatedNode(scenario)
-    install(node)
-    return node, make_routes(node, remote=config.simulate_remote_events)
-
-
 def _visible_gpus(sampler: Sampler) -> int | None:
     system = sampler.system
     return system.gpu_count if system is not None else None
-
-
-def _simulated_paths(config: Config, simulation: Any) -> Config:
-    """Keep a simulated node off the host's real kernel log, state directory and PCI bus.
-
-    The simulator writes its Xid lines to a kmsg-format file; a demo run on a real GPU node must
-    not journal simulated UUIDs under the real ``--state-dir`` either.
-    """
-    scratch = Path(tempfile.mkdtemp(prefix="gpu-exporter-sim-"))
-    changes: dict[str, Any] = {}
-    if config.kmsg_path == Config.kmsg_path:
-        changes["kmsg_path"] = scratch / "kmsg"
-    if config.state_dir == Config.state_dir:
-        changes["state_dir"] = scratch / "state"
-    if config.sysfs_path == Config.sysfs_path:
-        from .simulator.sysfs import write_pci_tree
-
-        changes["sysfs_path"] = write_pci_tree(simulation, scratch / "sys")
-    return replace(config, **changes)
-
-
-def _simulated_kubelet(simulation: Any) -> Any:
-    """Under --simulate, the simulator also plays the kubelet and the host's /proc."""
-    if simulation is None:
-        return None
-    from .simulator.kubelet import SimulatedKubelet
-
-    return SimulatedKubelet(simulation)
 
 
 def _unheld_processes(allocation: AllocationSubsystem) -> dict[str, tuple[UnheldProcess, ...]]:
@@ -304,9 +250,9 @@ def _unheld_processes(allocation: AllocationSubsystem) -> dict[str, tuple[Unheld
 
 def _build_allocation(
     config: Config,
+    host: Host,
     sampler: Sampler,
     pool: WorkerPool,
-    kubelet: Any,
     *,
     ledger: ActivityLedger,
     mig_profiles: MigProfileBook,
@@ -314,24 +260,12 @@ def _build_allocation(
 ) -> AllocationSubsystem:
     from .allocation.subsystem import AllocationSubsystem
 
-    socket = config.pod_resources_socket or DEFAULT_POD_RESOURCES_SOCKET
-    proc, logs = config.proc_path, config.pod_logs_path
-    cdi, caps = config.cdi_spec_dirs, config.nvidia_caps_path
-    if kubelet is not None:
-        # The simulated node's own kubelet, /proc, pod logs, CDI specs and nvidia-caps, unless
-        # a socket or file location was given (a stand-in kubelet in front of simulated GPUs).
-        socket = config.pod_resources_socket or kubelet.socket_path
-        proc, logs = kubelet.proc_path, kubelet.pod_logs_path
-        if cdi == Config.cdi_spec_dirs:
-            cdi = (kubelet.cdi_spec_dir,)
-        if caps == Config.nvidia_caps_path:
-            caps = kubelet.nvidia_caps_path
     return AllocationSubsystem(
-        socket_path=socket,
-        proc_path=proc,
-        pod_logs_path=logs,
-        cdi_spec_dirs=cdi,
-        mig_minors_path=caps / "mig-minors",
+        socket_path=host.pod_resources_socket,
+        proc_path=host.proc_path,
+        pod_logs_path=host.pod_logs_path,
+        cdi_spec_dirs=host.cdi_spec_dirs,
+        mig_minors_path=host.nvidia_caps_path / "mig-minors",
         self_pod=config.self_pod,
         devices=sampler.devices,
         ledger=ledger,
@@ -343,19 +277,29 @@ def _build_allocation(
         allocatable_interval=config.slow_interval,
         process_interval=5.0 if config.container_memory else None,
         errors=errors,
-        **{"poll_interval": config.pod_resources_interval, **_slurm_source(config)},
-        sysfs_path=config.sysfs_path,
+        **_holder_polling(config),
+        sysfs_path=host.sysfs_path,
     )
 
 
-def _slurm_source(config: Config) -> dict[str, Any]:
-    """--allocation.source=slurm or slurm-job-map: the reader, and its cadence and timeout."""
+class _HolderPolling(TypedDict, total=False):
+    """Who says which holder has which GPU (the kubelet unless ``jobs``), how often, how long
+    one answer may take."""
+
+    jobs: JobSource
+    poll_interval: float
+    call_timeout: float
+
+
+def _holder_polling(config: Config) -> _HolderPolling:
+    """The kubelet's cadence, or --allocation.source=slurm or slurm-job-map: the reader, and its
+    cadence and timeout."""
     if config.allocation_source == "pod-resources":
-        return {}
+        return {"poll_interval": config.pod_resources_interval}
     from .allocation.jobmap import JobMapReader
     from .allocation.slurm import SlurmForm, SlurmReader, local_node_name
 
-    jobs: Any
+    jobs: JobSource
     if config.allocation_source == "slurm-job-map":
         jobs = JobMapReader(config.slurm_job_map_dir)
     else:
@@ -368,28 +312,16 @@ def _slurm_source(config: Config) -> dict[str, Any]:
 
 
 def _build_xid(
-    config: Config, sampler: Sampler, simulation: Any, allocation: AllocationSubsystem | None
+    config: Config, host: Host, sampler: Sampler, allocation: AllocationSubsystem | None
 ) -> XidSubsystem:
-    boot_id = None
-    if simulation is not None:
-        try:
-            config.kmsg_path.touch()
-        except OSError as exc:  # e.g. --kmsg-path in a directory that does not exist
-            why = exc.strerror or str(exc)
-            path = config.kmsg_path
-            raise OSError(
-                f"--kmsg-path {path}: cannot create the simulator's kernel log: {why}"
-            ) from None
-        simulation.add_kmsg_file(config.kmsg_path)
-        boot_id = simulation.scenario.node.boot_id
     settings = XidSettings(
-        kmsg_path=config.kmsg_path if config.kmsg else None,
-        state_dir=config.state_dir,
-        proc_path=config.proc_path,
+        kmsg_path=host.kmsg_path if config.kmsg else None,
+        state_dir=host.state_dir,
+        proc_path=host.proc_path,
         classes_path=config.xid_classes,
         pod_series_retention=config.xid_pod_retention,
         nvml_events=config.nvml_events,
-        boot_id=boot_id,
+        boot_id=host.boot_id,
     )
     return XidSubsystem(
         settings,

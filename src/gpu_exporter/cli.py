@@ -19,8 +19,17 @@ from .settings import GROUPS, CollectorOptions, Flag, declared_flags, env_name, 
 
 if TYPE_CHECKING:
     from .config import Config
+    from .host import Host
 
-__all__ = ["UsageError", "build_parser", "env_name", "parse_config", "parse_duration", "run"]
+__all__ = [
+    "UsageError",
+    "build_parser",
+    "env_name",
+    "host_for",
+    "parse_config",
+    "parse_duration",
+    "run",
+]
 
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
@@ -223,6 +232,18 @@ def _check_xid_classes(path: Path) -> None:
         raise UsageError(str(exc)) from exc
 
 
+def host_for(config: Config) -> Host:
+    """This machine, or under --simulate the simulated node: the one place that reaches into
+    the simulator for the exporter (``simulator/host.py`` builds its host)."""
+    if config.simulator is None:
+        from .host import real_host
+
+        return real_host(config)
+    from .simulator.host import simulated_host
+
+    return simulated_host(config).host
+
+
 def run(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     import asyncio
 
@@ -237,7 +258,7 @@ def run(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = N
         return _fail(str(exc), EXIT_USAGE)
     configure_logging(config.log_format, config.log_level)
     try:
-        exporter = build_exporter(config)
+        exporter = build_exporter(config, host_for(config))
         asyncio.run(run_until_signalled(exporter))
     except NvmlUnavailable as exc:
         return _fail(

@@ -12,8 +12,9 @@ from pathlib import Path
 BUILD = """
 import json, sys
 from gpu_exporter.app import build_exporter
-from gpu_exporter.cli import parse_config
-build_exporter(parse_config(sys.argv[1:], {}))
+from gpu_exporter.cli import host_for, parse_config
+config = parse_config(sys.argv[1:], {})
+build_exporter(config, host_for(config))
 print(json.dumps(  # the last line: unconfigured logging also prints
     sorted(m for m in sys.modules if "dcgm" in m)))
 """

@@ -17,12 +17,14 @@ import aiohttp
 
 from gpu_exporter.app import Exporter
 from gpu_exporter.config import SimulatorConfig
+from gpu_exporter.simulator import SimulatedNode
+from gpu_exporter.simulator.host import SimulatedHost
 from tests.helpers import (
     Series,
     drained,
     make_config,
     parse_exposition,
-    running_exporter,
+    running_simulation,
     select,
 )
 
@@ -42,12 +44,13 @@ MAX_RENDERS = 150  # at 0.2 s a fast round: 30 s before a condition is declared 
 @dataclass
 class Rig:
     exporter: Exporter
+    simulated: SimulatedHost
     injected: Counter[tuple[str, str]] = field(default_factory=Counter)  # (gpu, xid) -> count
     reports: int = 0  # Xid reports the two sources will deliver between them
 
     @property
-    def node(self) -> Any:
-        return self.exporter.simulation
+    def node(self) -> SimulatedNode:
+        return self.simulated.node
 
     def inject(self, event: dict[str, Any]) -> None:
         self.node.inject(event)
@@ -130,5 +133,5 @@ async def fault_rig(tmp_path: Path, scenario: str = SCENARIO, **config: Any) -> 
         "kmsg_path": tmp_path / "kmsg",
         "state_dir": tmp_path / "state",
     }
-    async with running_exporter(make_config(**{**settings, **config})) as exporter:
-        yield Rig(exporter)
+    async with running_simulation(make_config(**{**settings, **config})) as (exporter, simulated):
+        yield Rig(exporter, simulated)

@@ -31,7 +31,8 @@ async def test_the_kubelet_socket_removed_and_recreated(tmp_path: Path) -> None:
             lambda s: len(select(s, "gpu_allocation_info", **allocated)) == 1,
         )
         rig.xid(0, 13)
-        kubelet = rig.exporter.kubelet
+        kubelet = rig.simulated.kubelet
+        assert kubelet is not None, "allocation is on: the simulated node plays the kubelet"
         await kubelet.stop()  # the kubelet restarts: its socket is removed
         assert not kubelet.socket_path.exists()
         await rig.until(

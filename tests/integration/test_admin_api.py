@@ -21,6 +21,7 @@ from tests.helpers import (
     one,
     parse_exposition,
     running_exporter,
+    running_simulation,
     select,
 )
 from tests.web_helpers import PASSWORD, USER, Pki, bcrypt_hash, write_web_config
@@ -75,11 +76,10 @@ async def test_an_operator_clears_a_drain_the_exporter_could_not_see_repaired(
     tmp_path: Path,
 ) -> None:
     async with (
-        running_exporter(simulated(tmp_path, web_enable_admin_api=True)) as exporter,
+        running_simulation(simulated(tmp_path, web_enable_admin_api=True)) as (exporter, sim),
         aiohttp.ClientSession(f"http://127.0.0.1:{exporter.port}") as session,
     ):
-        assert exporter.simulation is not None
-        exporter.simulation.inject({"type": "xid", "gpu": 1, "code": 48})
+        sim.node.inject({"type": "xid", "gpu": 1, "code": 48})
         series = await drain_latched(exporter, session, "1")
         uuid = uuid_of(series, "1")
 

@@ -11,11 +11,13 @@ import pytest
 
 from gpu_exporter import __version__
 from gpu_exporter.app import Exporter, build_exporter
+from gpu_exporter.cli import host_for
 from gpu_exporter.collectors import Cadence
 from gpu_exporter.config import SimulatorConfig
 from gpu_exporter.exposition import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE
+from gpu_exporter.simulator.host import SimulatedHost
 from tests.conftest import promtool_check_metrics
-from tests.helpers import make_config, one, parse_exposition
+from tests.helpers import make_config, one, parse_exposition, simulated_exporter
 
 SPEC_FAMILIES = {
     "gpu_info",
@@ -60,15 +62,20 @@ NOT_SERVED = {
 
 
 @pytest.fixture
-async def exporter() -> AsyncIterator[Exporter]:
+async def simulation() -> AsyncIterator[tuple[Exporter, SimulatedHost]]:
     config = make_config(simulator=SimulatorConfig(), fast_interval=0.2, slow_interval=1.0)
-    running = build_exporter(config)
+    running, simulated = simulated_exporter(config)
     await running.start()
     try:
         await running.sampler.wait_for_rounds(Cadence.FAST, 2)  # GPM needs two samples
-        yield running
+        yield running, simulated
     finally:
         await running.stop()
+
+
+@pytest.fixture
+def exporter(simulation: tuple[Exporter, SimulatedHost]) -> Exporter:
+    return simulation[0]
 
 
 @pytest.fixture
@@ -146,7 +153,7 @@ async def test_health_readiness_and_landing_page(client: aiohttp.ClientSession) 
 
 async def test_readyz_waits_for_the_first_fast_and_slow_rounds() -> None:
     config = make_config(simulator=SimulatorConfig())
-    exporter = build_exporter(config)
+    exporter = build_exporter(config, host_for(config))
     await exporter.sampler.start(background=False)
     try:
         from aiohttp.test_utils import TestClient, TestServer
@@ -186,15 +193,16 @@ async def test_bad_injected_events_are_rejected_with_the_reason(
 
 
 async def test_a_hung_nvml_call_does_not_hold_up_scrapes(
-    client: aiohttp.ClientSession, exporter: Exporter
+    client: aiohttp.ClientSession, simulation: tuple[Exporter, SimulatedHost]
 ) -> None:
+    exporter, simulated = simulation
     hang = {"type": "hang", "gpu": 1, "function": "nvmlDeviceGetPowerUsage"}
     async with client.post("/-/simulator/events", json=hang) as response:
         assert response.status == 200
     await exporter.sampler.wait_for_rounds(Cadence.FAST, 3)
     series = parse_exposition(await fetch_metrics(client))
     # The scrape answered while the call is still stuck in the (simulated) driver.
-    assert exporter.simulation.hang_for("nvmlDeviceGetPowerUsage", 1) is not None
+    assert simulated.node.hang_for("nvmlDeviceGetPowerUsage", 1) is not None
     assert one(series, "gpu_exporter_collector_success", collector="power") == 0
     assert one(series, "gpu_exporter_collector_success", collector="memory") == 1
     await client.post("/-/simulator/events", json={"type": "unhang"})

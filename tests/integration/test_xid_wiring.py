@@ -12,13 +12,14 @@ import aiohttp
 from gpu_exporter.app import Exporter
 from gpu_exporter.collectors import Cadence
 from gpu_exporter.config import SimulatorConfig
+from gpu_exporter.simulator import SimulatedNode
 from tests.helpers import (
     Series,
     drained,
     make_config,
     one,
     parse_exposition,
-    running_exporter,
+    running_simulation,
     select,
 )
 
@@ -31,7 +32,7 @@ GPU1_XID48 = "NVRM: Xid (PCI:0000:2a:00): 48, pid='<unknown>', name=<unknown>, A
 
 
 @asynccontextmanager
-async def exporter_on(tmp_path: Path) -> AsyncIterator[Exporter]:
+async def exporter_on(tmp_path: Path) -> AsyncIterator[tuple[Exporter, SimulatedNode]]:
     scenario = tmp_path / "node.yaml"
     scenario.write_text(SCENARIO)
     config = make_config(
@@ -41,8 +42,8 @@ async def exporter_on(tmp_path: Path) -> AsyncIterator[Exporter]:
         kmsg_path=tmp_path / "kmsg",
         state_dir=tmp_path / "state",
     )
-    async with running_exporter(config) as exporter:
-        yield exporter
+    async with running_simulation(config) as (exporter, simulated):
+        yield exporter, simulated.node
 
 
 async def scrape(exporter: Exporter) -> Series:
@@ -73,7 +74,7 @@ def append_kmsg(path: Path, seq: int, message: str) -> None:
 
 
 async def test_a_kernel_log_xid_is_counted_classified_and_latches_drain(tmp_path: Path) -> None:
-    async with exporter_on(tmp_path) as exporter:
+    async with exporter_on(tmp_path) as (exporter, _node):
         append_kmsg(tmp_path / "kmsg", 1, GPU1_XID48)
         series = await until(exporter, "Xid 48 counted", lambda s: xid_total(s) == 1)
         labels = {"gpu": "1", "xid": "48", "class": "hardware", "namespace": "", "pod": ""}
@@ -85,9 +86,8 @@ async def test_a_kernel_log_xid_is_counted_classified_and_latches_drain(tmp_path
 
 
 async def test_an_xid_from_both_sources_counts_once_with_the_pod(tmp_path: Path) -> None:
-    async with exporter_on(tmp_path) as exporter:
-        assert exporter.simulation is not None
-        exporter.simulation.inject({"type": "xid", "gpu": 0, "code": 13, "delivery": "both"})
+    async with exporter_on(tmp_path) as (exporter, node):
+        node.inject({"type": "xid", "gpu": 0, "code": 13, "delivery": "both"})
         series = await until(exporter, "Xid 13 counted", lambda s: xid_total(s) >= 1)
         for _ in range(5):  # give a duplicate every chance to show up
             await exporter.sampler.wait_for_rounds(Cadence.FAST, 1)
@@ -98,10 +98,10 @@ async def test_an_xid_from_both_sources_counts_once_with_the_pod(tmp_path: Path)
 
 
 async def test_counts_and_drain_survive_a_restart(tmp_path: Path) -> None:
-    async with exporter_on(tmp_path) as exporter:
+    async with exporter_on(tmp_path) as (exporter, _node):
         append_kmsg(tmp_path / "kmsg", 1, GPU1_XID48)
         await until(exporter, "Xid 48 counted", lambda s: xid_total(s) == 1)
-    async with exporter_on(tmp_path) as restarted:
+    async with exporter_on(tmp_path) as (restarted, _node):
         append_kmsg(tmp_path / "kmsg", 2, GPU1_XID48.replace("48,", "13,"))
         series = await until(restarted, "second Xid counted", lambda s: xid_total(s) == 2)
         assert one(series, "gpu_xid_errors_total", gpu="1", xid="48") == 1, "replay counted twice"
@@ -109,9 +109,8 @@ async def test_counts_and_drain_survive_a_restart(tmp_path: Path) -> None:
 
 
 async def test_a_row_remap_failure_seen_by_the_sampler_recommends_a_drain(tmp_path: Path) -> None:
-    async with exporter_on(tmp_path) as exporter:
-        assert exporter.simulation is not None
-        exporter.simulation.inject({"type": "row_remap_failure", "gpu": 0})
+    async with exporter_on(tmp_path) as (exporter, node):
+        node.inject({"type": "row_remap_failure", "gpu": 0})
         # The remap collector tells the drain source from its worker as it reads the failure;
         # its own gauge is published when the round settles, which may be a render later.
         await until(
@@ -126,9 +125,8 @@ async def test_a_row_remap_failure_seen_by_the_sampler_recommends_a_drain(tmp_pa
 
 
 async def test_a_lost_gpu_recommends_a_drain(tmp_path: Path) -> None:
-    async with exporter_on(tmp_path) as exporter:
-        assert exporter.simulation is not None
-        exporter.simulation.inject({"type": "gpu_lost", "gpu": 1})
+    async with exporter_on(tmp_path) as (exporter, node):
+        node.inject({"type": "gpu_lost", "gpu": 1})
         series = await until(
             exporter,
             "drain for the lost GPU",
@@ -138,11 +136,8 @@ async def test_a_lost_gpu_recommends_a_drain(tmp_path: Path) -> None:
 
 
 async def test_a_simulated_nvswitch_sxid_is_counted_by_switch_and_severity(tmp_path: Path) -> None:
-    async with exporter_on(tmp_path) as exporter:
-        assert exporter.simulation is not None
-        exporter.simulation.inject(
-            {"type": "sxid", "switch": 2, "code": 24007, "severity": "fatal"}
-        )
+    async with exporter_on(tmp_path) as (exporter, node):
+        node.inject({"type": "sxid", "switch": 2, "code": 24007, "severity": "fatal"})
         series = await until(
             exporter,
             "the SXid counted",

@@ -11,7 +11,7 @@ from gpu_exporter.config import SimulatorConfig
 from gpu_exporter.simulator import SimulatedNode, load_scenario
 from gpu_exporter.simulator.dra import ci_minor, gi_minor, mig_minors_text
 from gpu_exporter.simulator.kubelet import SimulatedKubelet
-from tests.helpers import ManualClock, make_config, parse_exposition, running_exporter, select
+from tests.helpers import ManualClock, make_config, parse_exposition, running_simulation, select
 
 DRA_SCENARIO = Path(__file__).resolve().parents[2] / "demo" / "scenarios" / "dra.yaml"
 
@@ -70,12 +70,12 @@ async def test_make_run_on_the_dra_scenario_attributes_every_claim() -> None:
     config = make_config(
         simulator=SimulatorConfig(DRA_SCENARIO), fast_interval=0.2, pod_resources_interval=0.2
     )
-    async with running_exporter(config) as exporter:
+    async with running_simulation(config) as (exporter, simulated):
         assert exporter.allocation is not None
         await exporter.allocation.wait_for_poll()
         await exporter.sampler.wait_for_rounds(Cadence.FAST, 1)
         series = parse_exposition(exporter.sampler.exposition.text.decode())
-    node = exporter.simulation
+    node = simulated.node
     info = {
         (labels["pod"], labels["resource"]): labels["uuid"]
         for labels in map(dict, select(series, "gpu_allocation_info"))

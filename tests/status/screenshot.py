@@ -13,6 +13,7 @@ from pathlib import Path
 import aiohttp
 
 from gpu_exporter.app import build_exporter
+from gpu_exporter.cli import host_for
 from gpu_exporter.collectors import Cadence
 from gpu_exporter.config import SimulatorConfig
 from tests.helpers import make_config
@@ -23,7 +24,7 @@ EVENTS = ({"type": "xid", "gpu": 4, "code": 13}, {"type": "xid", "gpu": 2, "code
 
 async def photograph(path: Path) -> None:
     config = make_config(simulator=SimulatorConfig(), fast_interval=0.5, slow_interval=1.0)
-    exporter = build_exporter(config)
+    exporter = build_exporter(config, host_for(config))
     await exporter.start()
     try:
         await exporter.sampler.wait_for_rounds(Cadence.FAST, 3)

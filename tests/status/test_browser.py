@@ -10,6 +10,7 @@ import aiohttp
 import pytest
 
 from gpu_exporter.app import Exporter, build_exporter
+from gpu_exporter.cli import host_for
 from gpu_exporter.collectors import Cadence
 from gpu_exporter.config import SimulatorConfig
 from tests.helpers import make_config
@@ -20,7 +21,7 @@ from tests.status.helpers import notebook_seen_idle
 @pytest.fixture
 async def exporter() -> AsyncIterator[Exporter]:
     config = make_config(simulator=SimulatorConfig(), fast_interval=0.2, slow_interval=1.0)
-    running = build_exporter(config)
+    running = build_exporter(config, host_for(config))
     await running.start()
     try:
         await running.sampler.wait_for_rounds(Cadence.FAST, 2)

@@ -14,10 +14,11 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from gpu_exporter.app import Exporter, build_exporter
+from gpu_exporter.cli import host_for
 from gpu_exporter.collectors import Cadence
 from gpu_exporter.config import SimulatorConfig
 from gpu_exporter.http.webconfig import load_web_config
-from tests.helpers import make_config, running_exporter
+from tests.helpers import make_config, running_exporter, simulated_exporter
 from tests.status.helpers import device, notebook_seen_idle, status_json
 from tests.web_helpers import PASSWORD, USER, bcrypt_hash, write_web_config
 
@@ -27,7 +28,7 @@ SCHEMA = json.loads(resources.files("gpu_exporter").joinpath("data/status.schema
 @pytest.fixture
 async def exporter() -> AsyncIterator[Exporter]:
     config = make_config(simulator=SimulatorConfig(), fast_interval=0.2, slow_interval=1.0)
-    running = build_exporter(config)
+    running = build_exporter(config, host_for(config))
     await running.start()
     try:
         await running.sampler.wait_for_rounds(Cadence.FAST, 2)  # GPM needs two samples
@@ -91,7 +92,7 @@ async def test_refresh_is_a_meta_tag_and_bad_values_are_refused(exporter: Export
 
 
 async def test_the_page_costs_no_nvml_call() -> None:
-    exporter = build_exporter(make_config(simulator=SimulatorConfig()))
+    exporter, simulated = simulated_exporter(make_config(simulator=SimulatorConfig()))
     await exporter.sampler.start(background=False)
     try:
         await exporter.sampler.sample_round(Cadence.FAST)
@@ -101,10 +102,10 @@ async def test_the_page_costs_no_nvml_call() -> None:
         # call of the rounds return before counting, so only the page views are measured.
         assert await asyncio.to_thread(exporter.pool.wait_for_abandoned, 30.0)
         async with TestClient(TestServer(exporter.web_app)) as client:
-            before = sum(exporter.simulation.calls.values())
+            before = sum(simulated.node.calls.values())
             for path in ("/", "/?refresh=10", "/status.json", "/"):
                 assert (await client.get(path)).status == 200
-            assert sum(exporter.simulation.calls.values()) == before, "a page view called NVML"
+            assert sum(simulated.node.calls.values()) == before, "a page view called NVML"
     finally:
         await exporter.stop()
 
@@ -124,7 +125,7 @@ async def test_markup_from_a_scenario_renders_as_text(tmp_path: Path) -> None:
     scenario = tmp_path / "hostile.yaml"
     scenario.write_text(HOSTILE_SCENARIO)
     config = make_config(simulator=SimulatorConfig(scenario=scenario), fast_interval=0.2)
-    exporter = build_exporter(config)
+    exporter = build_exporter(config, host_for(config))
     await exporter.start()
     try:
         await exporter.sampler.wait_for_rounds(Cadence.FAST, 2)
