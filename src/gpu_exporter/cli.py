@@ -234,14 +234,19 @@ def _check_xid_classes(path: Path) -> None:
 
 def host_for(config: Config) -> Host:
     """This machine, or under --simulate the simulated node: the one place that reaches into
-    the simulator for the exporter (``simulator/host.py`` builds its host)."""
+    the simulator for the exporter (``simulator/host.py`` builds its host). A bad scenario is a
+    :class:`UsageError`."""
     if config.simulator is None:
         from .host import real_host
 
         return real_host(config)
+    from .simulator import ScenarioError
     from .simulator.host import simulated_host
 
-    return simulated_host(config).host
+    try:
+        return simulated_host(config).host
+    except ScenarioError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def run(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
@@ -273,20 +278,9 @@ def run(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = N
         )
     except OSError as exc:  # a file or directory the flags name (e.g. --state-dir), not the port
         return _fail(str(exc), EXIT_FAILURE)
-    except Exception as exc:
-        if _is_scenario_error(config, exc):
-            return _fail(str(exc), EXIT_USAGE)
-        raise
+    except UsageError as exc:  # a bad --simulate scenario
+        return _fail(str(exc), EXIT_USAGE)
     return 0
-
-
-def _is_scenario_error(config: Config, exc: Exception) -> bool:
-    """A bad --simulate scenario (the simulator is loaded only then)."""
-    if config.simulator is None:
-        return False
-    from .simulator.errors import ScenarioError
-
-    return isinstance(exc, ScenarioError)
 
 
 def _fail(message: str, status: int) -> int:

@@ -34,6 +34,9 @@ async def _nothing() -> None:
 
 @dataclass(frozen=True)
 class Host:
+    """Where the exporter finds each of the node's inputs; the parts read these, never the
+    flags of the same name (which only build the real one)."""
+
     sysfs_path: Path  # the PCI bus (GPUs dead at boot) and NUMA locality
     kmsg_path: Path  # the kernel log Xids are read from
     state_dir: Path  # where the Xid journal is kept
