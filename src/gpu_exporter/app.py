@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
@@ -258,44 +258,39 @@ def _build_allocation(
     mig_profiles: MigProfileBook,
     errors: ErrorCounter,
 ) -> AllocationSubsystem:
-    from .allocation.subsystem import AllocationSubsystem
+    from .allocation.subsystem import AllocationSettings, AllocationSubsystem
 
-    return AllocationSubsystem(
+    jobs, poll_interval, call_timeout = _slurm_source(config)
+    settings = AllocationSettings(
         socket_path=host.pod_resources_socket,
         proc_path=host.proc_path,
         pod_logs_path=host.pod_logs_path,
-        cdi_spec_dirs=host.cdi_spec_dirs,
+        cdi_spec_dirs=tuple(host.cdi_spec_dirs),
         mig_minors_path=host.nvidia_caps_path / "mig-minors",
+        sysfs_path=host.sysfs_path,
         self_pod=config.self_pod,
+        idle_threshold=config.idle_threshold,
+        poll_interval=poll_interval,
+        process_interval=5.0 if config.container_memory else None,
+        call_timeout=call_timeout,
+        allocatable_interval=config.slow_interval,
+    )
+    return AllocationSubsystem(
+        settings,
         devices=sampler.devices,
         ledger=ledger,
         mig_profiles=mig_profiles,
-        executor=pool,
-        idle_threshold=config.idle_threshold,
-        # Accounting runs after each fast round (round_done), so it sees every ledger point.
-        update_interval=None,
-        allocatable_interval=config.slow_interval,
-        process_interval=5.0 if config.container_memory else None,
         errors=errors,
-        **_holder_polling(config),
-        sysfs_path=host.sysfs_path,
+        executor=pool,
+        jobs=jobs,
     )
 
 
-class _HolderPolling(TypedDict, total=False):
-    """Who says which holder has which GPU (the kubelet unless ``jobs``), how often, how long
-    one answer may take."""
-
-    jobs: JobSource
-    poll_interval: float
-    call_timeout: float
-
-
-def _holder_polling(config: Config) -> _HolderPolling:
-    """The kubelet's cadence, or --allocation.source=slurm or slurm-job-map: the reader, and its
-    cadence and timeout."""
+def _slurm_source(config: Config) -> tuple[JobSource | None, float, float]:
+    """The holder source's reader (None: the kubelet), poll interval and call timeout:
+    --allocation.source=slurm or slurm-job-map read Slurm at its own cadence."""
     if config.allocation_source == "pod-resources":
-        return {"poll_interval": config.pod_resources_interval}
+        return None, config.pod_resources_interval, 2.0
     from .allocation.jobmap import JobMapReader
     from .allocation.slurm import SlurmForm, SlurmReader, local_node_name
 
@@ -307,8 +302,7 @@ def _holder_polling(config: Config) -> _HolderPolling:
         form = SlurmForm(config.slurm_form)
         jobs = SlurmReader(node, form=form, timeout=config.slurm_timeout)
     # The worker-pool wait outlasts scontrol's own timeout, which ends the command first.
-    timeout = config.slurm_timeout + 1.0
-    return {"jobs": jobs, "poll_interval": config.slurm_interval, "call_timeout": timeout}
+    return jobs, config.slurm_interval, config.slurm_timeout + 1.0
 
 
 def _build_xid(

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from gpu_exporter.allocation.subsystem import AllocationSubsystem
+from gpu_exporter.allocation.subsystem import AllocationSettings, AllocationSubsystem
 from gpu_exporter.collectors import collector_names
 from gpu_exporter.config import Config
 from gpu_exporter.nvml import WorkerPool
@@ -25,9 +25,9 @@ async def live_builtin_node(
     *,
     node: SimulatedNode | None = None,
 ) -> AsyncIterator[tuple[Sampler, AllocationSubsystem]]:
-    """Started sampler and subsystem polling every ``fast`` seconds (on ``node``, a test's to
-    inject events into, else on ``scenario``, else the built-in node); everything stopped
-    after."""
+    """Started sampler and subsystem polling every ``fast`` seconds and accounting after each
+    fast round (on ``node``, a test's to inject events into, else on ``scenario``, else the
+    built-in node); everything stopped after."""
     node = node or SimulatedNode(scenario or load_scenario(None))
     install(node)
     pool = WorkerPool(size=4, name=pool_name)
@@ -36,17 +36,19 @@ async def live_builtin_node(
     sampler = shared.sampler(config, pool)
     kubelet = SimulatedKubelet(node)
     subsystem = AllocationSubsystem(
-        socket_path=kubelet.socket_path,
+        AllocationSettings(
+            socket_path=kubelet.socket_path,
+            poll_interval=fast,
+            process_interval=fast,
+            proc_path=kubelet.proc_path,
+            pod_logs_path=kubelet.pod_logs_path,
+        ),
         devices=sampler.devices,
         ledger=shared.ledger,
         executor=pool,
-        poll_interval=fast,
-        update_interval=fast / 2,
-        process_interval=fast,
-        proc_path=kubelet.proc_path,
-        pod_logs_path=kubelet.pod_logs_path,
     )
     sampler.add_source(subsystem)
+    sampler.add_round_listener(subsystem)  # accounting after each fast round, as the app wires it
     await kubelet.start()
     await sampler.start()
     await subsystem.start()

@@ -11,7 +11,7 @@ import pytest
 
 import gpu_exporter.simulator.podresources_server as server
 from gpu_exporter.allocation.podresources import PodResourcesClient, PodResourcesError
-from gpu_exporter.allocation.subsystem import AllocationSubsystem
+from gpu_exporter.allocation.subsystem import AllocationSettings, AllocationSubsystem
 from gpu_exporter.collectors import Cadence
 from gpu_exporter.ledger import ActivityLedger
 from gpu_exporter.nvml import WorkerPool
@@ -79,12 +79,13 @@ async def test_a_poll_that_sees_a_new_holder_publishes_it_at_once(
     kubelet.allocatable = [("nvidia.com/gpu", UUID_A), ("nvidia.com/gpu", UUID_B)]
     wall = FakeClock(1_700_000_000.0)
     sub = AllocationSubsystem(
-        socket_path=kubelet.socket_path,
+        AllocationSettings(
+            socket_path=kubelet.socket_path,
+            process_interval=None,
+        ),
         devices=devices,
         ledger=ActivityLedger(),
         executor=pool,
-        update_interval=None,  # no accounting timer: only polls and rounds account
-        process_interval=None,
         wall_clock=wall,
     )
     await sub.poll()
@@ -94,7 +95,8 @@ async def test_a_poll_that_sees_a_new_holder_publishes_it_at_once(
     await sub.poll()  # no round in between
     values = series(sub.samples())
     assert len(named(values, "gpu_allocation_info")) == 2, "the new holder waited for a round"
-    assert sub.holder(UUID_B, wall.now) == ("ml", "eval"), "the history missed the new holder"
+    holder = sub.holders().holder(UUID_B, wall.now)
+    assert holder == ("ml", "eval"), "the history missed the new holder"
     await sub.stop()
 
 
@@ -110,12 +112,13 @@ async def rounds_node(short_dir: Path) -> AsyncIterator[tuple[Sampler, ManualClo
     shared = SharedState()
     sampler = shared.sampler(make_config(fast_interval=1.0, slow_interval=60.0), pool, clock=clock)
     allocation = AllocationSubsystem(
-        socket_path=kubelet.socket_path,
+        AllocationSettings(
+            socket_path=kubelet.socket_path,
+            process_interval=None,
+        ),
         devices=sampler.devices,
         ledger=shared.ledger,
         executor=pool,
-        update_interval=None,
-        process_interval=None,
         clock=clock,
     )
     sampler.add_source(allocation)
@@ -146,7 +149,7 @@ async def test_each_fast_round_accounts_and_is_in_its_own_exposition(
     assert before, "no allocated-seconds series after a round on the built-in node"
     for _ in range(3):
         clock.advance(1.0)
-        await sampler.sample_round(Cadence.FAST)  # no update() call, no timer: the round did it
+        await sampler.sample_round(Cadence.FAST)  # no round_done() call here: the round made it
     after = select(
         parse_exposition(sampler.exposition.text.decode()), "gpu_allocated_seconds_total"
     )

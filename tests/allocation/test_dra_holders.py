@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from gpu_exporter.allocation.subsystem import AllocationSubsystem
+from gpu_exporter.allocation.model import PodKey
+from gpu_exporter.allocation.subsystem import AllocationSettings, AllocationSubsystem
 from gpu_exporter.devices import Device
 from gpu_exporter.ledger import ActivityLedger
 from gpu_exporter.nvml import WorkerPool
@@ -41,22 +42,24 @@ def devices() -> list[Device]:
 
 
 def subsystem(
-    kubelet: FakeKubelet, pool: WorkerPool, clock: FakeClock, **extra: object
+    kubelet: FakeKubelet, pool: WorkerPool, clock: FakeClock, self_pod: PodKey | None = None
 ) -> AllocationSubsystem:
     return AllocationSubsystem(
-        socket_path=kubelet.socket_path,
+        AllocationSettings(
+            socket_path=kubelet.socket_path,
+            call_timeout=1.0,
+            process_interval=None,
+            proc_path=Path("/nonexistent"),
+            pod_logs_path=Path("/nonexistent"),
+            cdi_spec_dirs=(Path("/nonexistent"),),  # no specs: device names resolve
+            mig_minors_path=Path("/nonexistent"),
+            self_pod=self_pod,
+        ),
         devices=devices,
         ledger=ActivityLedger(),
         executor=pool,
-        call_timeout=1.0,
-        process_interval=None,
-        proc_path=Path("/nonexistent"),
-        pod_logs_path=Path("/nonexistent"),
-        cdi_spec_dirs=[Path("/nonexistent")],  # no specs: device names resolve
-        mig_minors_path=Path("/nonexistent"),
         clock=clock,
         wall_clock=clock,
-        **extra,  # type: ignore[arg-type]
     )
 
 
@@ -65,7 +68,7 @@ async def step(
 ) -> dict[str, float]:
     clock.advance(seconds)
     await sub.poll()
-    sub.update()
+    sub.round_done()
     return series(sub.samples())
 
 
@@ -95,8 +98,8 @@ async def test_claimed_gpus_are_allocated_held_and_accounted(
     seconds = f'gpu_allocated_seconds_total{{{A_LABELS},namespace="ml",pod="train"}}'
     assert values[seconds] == 10.0
     # The holder history serves Xid attribution for DRA holders as for any other.
-    assert sub.holder(UUID_A, clock()) == ("ml", "train")
-    assert sub.holder(MIG_2, clock()) == ("batch", "small")
+    assert sub.holders().holder(UUID_A, clock()) == ("ml", "train")
+    assert sub.holders().holder(MIG_2, clock()) == ("batch", "small")
     assert values[f'{UNRESOLVED}{{reason="unknown_device_name"}}'] == 0
     await sub.stop()
 
@@ -119,10 +122,10 @@ async def test_two_pods_on_one_claim_share_the_gpu(kubelet: FakeKubelet, pool: W
             values[f'gpu_allocated_seconds_total{{{C_LABELS},namespace="research",pod="{p}"}}']
             == 10
         )
-    holders = sub.allocations.pods_by_device()[UUID_C]
+    holders = sub.published.allocations.pods_by_device()[UUID_C]
     assert holders == {("research", "nb-a"), ("research", "nb-b")}
-    assert {h.claim for h in sub.allocations.holdings} == {("research", "shared")}
-    assert sub.holder(UUID_C, clock()) is None, "two holders: attribution needs a PID"
+    assert {h.claim for h in sub.published.allocations.holdings} == {("research", "shared")}
+    assert sub.holders().holder(UUID_C, clock()) is None, "two holders: attribution needs a PID"
     await sub.stop()
 
 

@@ -33,7 +33,7 @@ from gpu_exporter.allocation.podresources import (
     PodResourcesError,
 )
 from gpu_exporter.allocation.proto import podresources_pb2 as pb
-from gpu_exporter.allocation.subsystem import AllocationSubsystem
+from gpu_exporter.allocation.subsystem import AllocationSettings, AllocationSubsystem
 from gpu_exporter.ledger import ActivityLedger
 from gpu_exporter.nvml import WorkerPool
 from gpu_exporter.simulator.podresources_server import (
@@ -112,13 +112,14 @@ async def test_permission_denied_takes_the_source_down_until_it_is_granted(
 ) -> None:
     pool = WorkerPool(size=1, name="test-grpc-go")
     sub = AllocationSubsystem(
-        socket_path=go_kubelet.socket,
+        AllocationSettings(
+            socket_path=go_kubelet.socket,
+            call_timeout=5.0,
+            process_interval=None,
+        ),
         devices=devices,
         ledger=ActivityLedger(),
         executor=pool,
-        call_timeout=5.0,
-        process_interval=None,
-        update_interval=None,
     )
     try:
         go_kubelet.refuse("List", Status.PERMISSION_DENIED, "the exporter may not list pods")
@@ -201,13 +202,14 @@ async def test_a_minute_of_polls_under_max_connection_age_loses_no_answer(
     await kubelet.start()
     pool = WorkerPool(size=1, name="test-grpc-go")
     sub = AllocationSubsystem(
-        socket_path=kubelet.socket,
+        AllocationSettings(
+            socket_path=kubelet.socket,
+            call_timeout=5.0,
+            process_interval=None,
+        ),
         devices=devices,
         ledger=ActivityLedger(),
         executor=pool,
-        call_timeout=5.0,
-        process_interval=None,
-        update_interval=None,
     )
     polls, down = 0, []
     caplog.set_level(logging.WARNING)
@@ -216,7 +218,7 @@ async def test_a_minute_of_polls_under_max_connection_age_loses_no_answer(
             async for _ in ticks(1.0):
                 await sub.poll()
                 polls += 1
-                if not sub.up:
+                if not sub.published.up:
                     down.append(polls)
                 if polls == 61:
                     break

@@ -8,7 +8,7 @@ import pytest
 
 from gpu_exporter.allocation.history import HolderHistory
 from gpu_exporter.allocation.processes import GpuProcess
-from gpu_exporter.allocation.subsystem import AllocationSubsystem
+from gpu_exporter.allocation.subsystem import AllocationSettings, AllocationSubsystem
 from gpu_exporter.devices import Device
 from gpu_exporter.ledger import ActivityLedger
 from gpu_exporter.nvml import WorkerPool
@@ -99,28 +99,32 @@ async def test_holder_prefers_pid_on_shared_gpu(
     make_pod(tmp_path, "web", "share-b", ["srv"], {4242: "srv"})
     wall = FakeClock(1_700_000_000.0)
     sub = AllocationSubsystem(
-        socket_path=kubelet.socket_path,
+        AllocationSettings(
+            socket_path=kubelet.socket_path,
+            proc_path=tmp_path / "proc",
+            pod_logs_path=tmp_path / "pods",
+        ),
         devices=devices,
         ledger=ActivityLedger(),
         executor=pool,
-        proc_path=tmp_path / "proc",
-        pod_logs_path=tmp_path / "pods",
         process_lister=processes,
         wall_clock=wall,
     )
     await sub.poll()
-    sub.update()
+    sub.round_done()
     await sub.scan_processes()
     now = wall.now
-    assert sub.holder(UUID_A, now, None) == TRAIN
-    assert sub.holder(UUID_A, now, 999) == TRAIN  # an unknown pid falls back to the history
-    assert sub.holder(UUID_C, now, None) is None  # two pods share it: ambiguous
-    assert sub.holder(UUID_C, now, 4242) == SHARE_B
-    assert sub.holder(UUID_C, now - 3600, None) is None  # before anyone held it
+    assert sub.holders().holder(UUID_A, now, None) == TRAIN
+    holders = sub.holders()
+    assert holders.holder(UUID_A, now, 999) == TRAIN  # an unknown pid falls back to the history
+    assert sub.holders().holder(UUID_C, now, None) is None  # two pods share it: ambiguous
+    assert sub.holders().holder(UUID_C, now, 4242) == SHARE_B
+    assert sub.holders().holder(UUID_C, now - 3600, None) is None  # before anyone held it
     kubelet.release("train")
     wall.advance(30)
     await sub.poll()  # sees the release 30 s on: the tenure ends there (the poll accounts at once)
-    assert sub.holder(UUID_A, now + 10, None) == TRAIN  # slightly in the past: still train
-    assert sub.holder(UUID_A, wall.now, None) is None
+    holders = sub.holders()
+    assert holders.holder(UUID_A, now + 10, None) == TRAIN  # slightly in the past: still train
+    assert sub.holders().holder(UUID_A, wall.now, None) is None
     assert (GPU_A.uuid, GPU_C.uuid) == (UUID_A, UUID_C)
     await sub.stop()

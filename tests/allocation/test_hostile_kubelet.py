@@ -19,7 +19,7 @@ from structlog.testing import capture_logs
 
 from gpu_exporter.allocation.channel import CONTROL_FRAMES_PER_CALL, SLICE
 from gpu_exporter.allocation.podresources import PodResourcesClient, PodResourcesError
-from gpu_exporter.allocation.subsystem import AllocationSubsystem
+from gpu_exporter.allocation.subsystem import AllocationSettings, AllocationSubsystem
 from gpu_exporter.ledger import ActivityLedger
 from gpu_exporter.nvml import WorkerPool
 from gpu_exporter.simulator.podresources_server import list_response
@@ -82,13 +82,14 @@ async def subsystem(short_dir: Path) -> AsyncIterator[Callable[[Path], Allocatio
     def make(socket: Path) -> AllocationSubsystem:
         made.append(
             AllocationSubsystem(
-                socket_path=socket,
+                AllocationSettings(
+                    socket_path=socket,
+                    call_timeout=1.0,
+                    process_interval=None,
+                ),
                 devices=devices,
                 ledger=ActivityLedger(),
                 executor=pool,
-                call_timeout=1.0,
-                process_interval=None,
-                update_interval=None,
             )
         )
         return made[-1]

@@ -13,13 +13,14 @@ from grpclib.exceptions import GRPCError
 from structlog.testing import capture_logs
 
 from gpu_exporter.allocation import podresources
+from gpu_exporter.allocation.holder_sources import REASON_CHARS, cut_reason
 from gpu_exporter.allocation.podresources import (
     MAX_HOLDERS_PER_DEVICE,
     MAX_IDS_PER_CONTAINER,
     ContainerDevices,
     PodResourcesClient,
 )
-from gpu_exporter.allocation.subsystem import REASON_CHARS, AllocationSubsystem, cut_reason
+from gpu_exporter.allocation.subsystem import AllocationSettings, AllocationSubsystem
 from gpu_exporter.ledger import ActivityLedger
 from gpu_exporter.nvml import WorkerPool
 from gpu_exporter.simulator.podresources_server import KubeletState
@@ -32,14 +33,16 @@ HOLDING = 10_000  # of them hold a replica of A or C; the rest hold only a NIC
 
 def subsystem(kubelet: FakeKubelet, pool: WorkerPool) -> AllocationSubsystem:
     return AllocationSubsystem(
-        socket_path=kubelet.socket_path,
+        AllocationSettings(
+            socket_path=kubelet.socket_path,
+            call_timeout=10.0,
+            process_interval=None,
+            proc_path=Path("/nonexistent"),
+            pod_logs_path=Path("/nonexistent"),
+        ),
         devices=devices,
         ledger=ActivityLedger(),
         executor=pool,
-        call_timeout=10.0,
-        process_interval=None,
-        proc_path=Path("/nonexistent"),
-        pod_logs_path=Path("/nonexistent"),
         clock=FakeClock(),
     )
 

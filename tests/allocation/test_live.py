@@ -31,7 +31,7 @@ async def test_idle_notebook_accrues_a_second_per_second(
     live: tuple[Sampler, AllocationSubsystem],
 ) -> None:
     sampler, subsystem = live
-    while not subsystem.up:
+    while not subsystem.published.up:
         await subsystem.wait_for_poll()
     await sampler.wait_for_rounds(Cadence.FAST, 3)  # GPM has a reading; accounting has started
     started = time.monotonic()

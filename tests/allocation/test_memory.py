@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gpu_exporter.allocation.processes import GpuProcess, NvmlProcessLister
-from gpu_exporter.allocation.subsystem import AllocationSubsystem
+from gpu_exporter.allocation.subsystem import AllocationSettings, AllocationSubsystem
 from gpu_exporter.devices import Device
 from gpu_exporter.ledger import ActivityLedger
 from gpu_exporter.nvml import WorkerPool
@@ -49,12 +49,14 @@ def make_subsystem(
     kubelet: FakeKubelet, pool: WorkerPool, root: Path, processes: Processes
 ) -> AllocationSubsystem:
     return AllocationSubsystem(
-        socket_path=kubelet.socket_path,
+        AllocationSettings(
+            socket_path=kubelet.socket_path,
+            proc_path=root / "proc",
+            pod_logs_path=root / "pods",
+        ),
         devices=devices,
         ledger=ActivityLedger(),
         executor=pool,
-        proc_path=root / "proc",
-        pod_logs_path=root / "pods",
         process_lister=processes,
     )
 
@@ -88,7 +90,7 @@ async def test_container_memory(kubelet: FakeKubelet, pool: WorkerPool, tmp_path
     )
     sub = make_subsystem(kubelet, pool, tmp_path, processes)
     await sub.poll()
-    sub.update()
+    sub.round_done()
     await sub.scan_processes()
     assert UUID_B not in processes.asked  # its instances are asked instead
     mig = 'gpu="1",uuid="{}",gpu_instance_id="1",compute_instance_id="0",mig_profile="3g.40gb"'

@@ -17,7 +17,7 @@ import pytest
 from gpu_exporter.allocation.model import Allocations, Holding
 from gpu_exporter.allocation.placement import PlacementReader, PlacementSnapshot, PodPath, place
 from gpu_exporter.allocation.podresources import ContainerCpus
-from gpu_exporter.allocation.subsystem import AllocationSubsystem
+from gpu_exporter.allocation.subsystem import AllocationSettings, AllocationSubsystem
 from gpu_exporter.devices import Device, DeviceId
 from gpu_exporter.simulator.kubelet import SimulatedKubelet
 from gpu_exporter.topology.paths import PathKind, Topology, pair
@@ -62,12 +62,13 @@ async def placement_rig(scenario: str) -> AsyncIterator[PlacementRig]:
         await kubelet.start()
         reader = CountingReader()
         subsystem = AllocationSubsystem(
-            socket_path=kubelet.socket_path,
+            AllocationSettings(
+                socket_path=kubelet.socket_path,
+                process_interval=None,
+            ),
             devices=rig.sim.sampler.devices,
             ledger=rig.sim.shared.ledger,
             executor=rig.sim.sampler_pool,
-            update_interval=None,
-            process_interval=None,
             clock=rig.sim.clock,
             placement_reader=reader,
         )

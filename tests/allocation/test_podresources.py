@@ -8,7 +8,7 @@ import pytest
 from grpclib.const import Status
 
 from gpu_exporter.allocation.samples import UNRESOLVED_REASONS
-from gpu_exporter.allocation.subsystem import AllocationSubsystem
+from gpu_exporter.allocation.subsystem import AllocationSettings, AllocationSubsystem
 from gpu_exporter.ledger import ActivityLedger
 from gpu_exporter.nvml import WorkerPool
 from gpu_exporter.simulator.podresources_server import ALLOCATABLE_DISABLED
@@ -47,16 +47,17 @@ def subsystem(
     kubelet: FakeKubelet, pool: WorkerPool, clock: FakeClock | None = None
 ) -> AllocationSubsystem:
     return AllocationSubsystem(
-        socket_path=kubelet.socket_path,
+        AllocationSettings(
+            socket_path=kubelet.socket_path,
+            call_timeout=1.0,
+            poll_interval=0.05,
+            process_interval=60.0,
+            proc_path=Path("/nonexistent"),
+            pod_logs_path=Path("/nonexistent"),
+        ),
         devices=devices,
         ledger=ActivityLedger(),
         executor=pool,
-        call_timeout=1.0,
-        poll_interval=0.05,
-        update_interval=0.05,
-        process_interval=60.0,
-        proc_path=Path("/nonexistent"),
-        pod_logs_path=Path("/nonexistent"),
         clock=clock or FakeClock(),
     )
 
@@ -83,7 +84,7 @@ async def test_every_id_form(kubelet: FakeKubelet, pool: WorkerPool) -> None:
     every_id_form(kubelet)
     sub = subsystem(kubelet, pool)
     await sub.poll()
-    sub.update()
+    sub.round_done()
     values = series(sub.samples())
     assert values[SOURCE_UP] == 1
     assert named(values, "gpu_allocation_info") == {
@@ -120,7 +121,7 @@ async def test_gke_ids(kubelet: FakeKubelet, pool: WorkerPool) -> None:
     kubelet.allocatable = None  # an older kubelet: schedulable devices come from the inventory
     sub = subsystem(kubelet, pool)
     await sub.poll()
-    sub.update()
+    sub.round_done()
     allocated = named(series(sub.samples()), "gpu_allocated")
     assert allocated == {
         f'gpu_allocated{{gpu="0",uuid="{UUID_A}"}}': 1,
@@ -142,7 +143,7 @@ async def test_a_kubelet_with_get_allocatable_disabled_stays_a_source(
     kubelet.refusal = ALLOCATABLE_DISABLED
     sub = subsystem(kubelet, pool)
     await sub.poll()
-    sub.update()
+    sub.round_done()
     values = series(sub.samples())
     assert values[SOURCE_UP] == 1, "a disabled GetAllocatableResources took the source down"
     assert values[f'gpu_allocated{{gpu="0",uuid="{UUID_A}"}}'] == 1
@@ -158,7 +159,7 @@ async def test_other_get_allocatable_errors_still_take_the_source_down(
     kubelet.refusal = (Status.UNKNOWN, "something else broke")
     sub = subsystem(kubelet, pool)
     await sub.poll()
-    sub.update()
+    sub.round_done()
     assert series(sub.samples())[SOURCE_UP] == 0
     await sub.stop()
 
@@ -170,15 +171,17 @@ async def test_a_relative_socket_path_is_resolved(
     monkeypatch.chdir(kubelet.socket_path.parent.parent)
     relative = Path(kubelet.socket_path.parent.name) / kubelet.socket_path.name
     sub = AllocationSubsystem(
-        socket_path=relative,
+        AllocationSettings(
+            socket_path=relative,
+            call_timeout=1.0,
+            process_interval=None,
+        ),
         devices=devices,
         ledger=ActivityLedger(),
         executor=pool,
-        call_timeout=1.0,
-        process_interval=None,
     )
     await sub.poll()
-    assert sub.up, f"the relative socket {relative} was not reached"
+    assert sub.published.up, f"the relative socket {relative} was not reached"
     await sub.stop()
 
 
@@ -187,9 +190,9 @@ async def test_socket_gone_and_back(kubelet: FakeKubelet, pool: WorkerPool) -> N
     clock = FakeClock()
     sub = subsystem(kubelet, pool, clock)
     await sub.poll()
-    sub.update()
+    sub.round_done()
     clock.advance(10)
-    sub.update()
+    sub.round_done()
     before = series(sub.samples())
     train = f'gpu_allocated_seconds_total{{gpu="0",uuid="{UUID_A}",namespace="ml",pod="train"}}'
     assert before[train] == 10
@@ -202,13 +205,13 @@ async def test_socket_gone_and_back(kubelet: FakeKubelet, pool: WorkerPool) -> N
     for name in ALLOCATION_SERIES:  # withheld, not reported as zeros
         assert not named(down, name), name
     clock.advance(30)
-    sub.update()
+    sub.round_done()
     assert not named(series(sub.samples()), "gpu_allocated")
 
     await kubelet.start()
     await sub.poll()  # recovers on the next poll, without waiting out gRPC's reconnect backoff
     clock.advance(5)
-    sub.update()
+    sub.round_done()
     back = series(sub.samples())
     assert back[SOURCE_UP] == 1
     assert named(back, "gpu_allocated") == named(before, "gpu_allocated")
@@ -224,7 +227,7 @@ async def test_one_connection_serves_poll_after_poll(
     sub = subsystem(kubelet, pool)
     for _ in range(5):
         await sub.poll()
-    assert sub.up
+    assert sub.published.up
     assert kubelet.server is not None
     assert kubelet.server.accepted == 1, "each poll opened a connection of its own"
     await sub.stop()
@@ -241,7 +244,7 @@ async def test_a_kubelet_restart_between_polls_is_no_outage(
     await kubelet.start()
     kubelet.release("train")
     await sub.poll()
-    assert sub.up, "a restarted kubelet was reported down"
+    assert sub.published.up, "a restarted kubelet was reported down"
     held = named(series(sub.samples()), "gpu_allocated")
     assert held, "the restarted kubelet's holdings were not published"
     assert not any('pod="train"' in key for key in held), "the old answer stayed"
@@ -274,7 +277,7 @@ async def test_never_reachable(short_dir: Path, pool: WorkerPool) -> None:
     sub = subsystem(FakeKubelet(short_dir / "absent.sock"), pool)
     assert series(sub.samples()) == {SOURCE_UP: 0, **unresolved}
     await sub.poll()
-    sub.update()
+    sub.round_done()
     assert series(sub.samples()) == {SOURCE_UP: 0, **unresolved}
     await sub.stop()
 
@@ -284,13 +287,13 @@ async def test_background_loops_recover(kubelet: FakeKubelet, pool: WorkerPool) 
     sub = subsystem(kubelet, pool)
     await sub.start()
     await sub.wait_for_poll()
-    assert sub.up
+    assert sub.published.up
     await kubelet.stop()
-    while sub.up:
+    while sub.published.up:
         await sub.wait_for_poll()
     assert series(sub.samples())[SOURCE_UP] == 0
     await kubelet.start()
-    while not sub.up:
+    while not sub.published.up:
         await sub.wait_for_poll()
     values = series(sub.samples())
     assert values[SOURCE_UP] == 1
@@ -303,19 +306,19 @@ async def test_release_keeps_counters_for_a_while(kubelet: FakeKubelet, pool: Wo
     clock = FakeClock()
     sub = subsystem(kubelet, pool, clock)
     await sub.poll()
-    sub.update()
+    sub.round_done()
     clock.advance(4)
-    sub.update()
+    sub.round_done()
     kubelet.release("train")
     await sub.poll()
     clock.advance(4)
-    sub.update()
+    sub.round_done()
     values = series(sub.samples())
     train = f'{{gpu="0",uuid="{UUID_A}",namespace="ml",pod="train"}}'
     assert values[f'gpu_allocated{{gpu="0",uuid="{UUID_A}"}}'] == 0
     assert values[f"gpu_allocated_seconds_total{train}"] == 4  # frozen, still published
     assert f"gpu_allocation_idle_streak_seconds{train}" not in values
     clock.advance(301)
-    sub.update()
+    sub.round_done()
     assert f"gpu_allocated_seconds_total{train}" not in series(sub.samples())
     await sub.stop()

@@ -20,7 +20,7 @@ from gpu_exporter.allocation.rightsizing import (
     RightSizer,
     smallest_fit,
 )
-from gpu_exporter.allocation.subsystem import AllocationSubsystem
+from gpu_exporter.allocation.subsystem import AllocationSettings, AllocationSubsystem
 from gpu_exporter.collectors import Cadence
 from gpu_exporter.devices import DeviceId
 from gpu_exporter.exposition import render
@@ -55,10 +55,10 @@ class Node:
         await self.sampler.sample_round(Cadence.SLOW)
         for _ in range(seconds):
             self.clock.advance(0.5)
-            self.allocation.update()
+            self.allocation.round_done()
             self.clock.advance(0.5)
             await self.sampler.sample_round(Cadence.FAST)
-            self.allocation.update()
+            self.allocation.round_done()
         await self.allocation.scan_processes()
         self.sampler.note_news()
         return parse_exposition(self.sampler.exposition.text.decode())
@@ -74,13 +74,15 @@ async def builtin_node(short_dir: Path) -> AsyncIterator[Node]:
     shared = SharedState()
     sampler = shared.sampler(make_config(fast_interval=60.0, slow_interval=60.0), pool, clock=clock)
     allocation = AllocationSubsystem(
-        socket_path=kubelet.socket_path,
+        AllocationSettings(
+            socket_path=kubelet.socket_path,
+            proc_path=kubelet.proc_path,
+            pod_logs_path=kubelet.pod_logs_path,
+        ),
         devices=sampler.devices,
         ledger=shared.ledger,
         mig_profiles=shared.mig_profiles,
         executor=pool,
-        proc_path=kubelet.proc_path,
-        pod_logs_path=kubelet.pod_logs_path,
         errors=shared.errors,
         clock=clock,
     )

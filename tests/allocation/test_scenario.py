@@ -14,7 +14,7 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from gpu_exporter.allocation.subsystem import AllocationSubsystem
+from gpu_exporter.allocation.subsystem import AllocationSettings, AllocationSubsystem
 from gpu_exporter.collectors.activity import ActivityCollector
 from gpu_exporter.collectors.base import Collector, CollectorContext, SampleWriter
 from gpu_exporter.collectors.utilization import UtilizationCollector
@@ -123,12 +123,14 @@ async def rig(node: SimulatedNode, short_dir: Path, pool: WorkerPool) -> AsyncIt
     kubelet = SimulatedKubelet(node, short_dir / "kubelet.sock", files_root=short_dir / "host")
     await kubelet.start()
     subsystem = AllocationSubsystem(
-        socket_path=kubelet.socket_path,
+        AllocationSettings(
+            socket_path=kubelet.socket_path,
+            proc_path=kubelet.proc_path,
+            pod_logs_path=kubelet.pod_logs_path,
+        ),
         devices=lambda: devices,
         ledger=ledger,
         executor=pool,
-        proc_path=kubelet.proc_path,
-        pod_logs_path=kubelet.pod_logs_path,
         clock=clock,
         wall_clock=lambda: node.wall_origin + node.now(),  # NVML's sample times, in wall time
     )
@@ -142,7 +144,7 @@ async def run(rig: Rig, seconds: int, *, processes: bool = False) -> None:
     ``processes``, a process scan and a per-process activity read before the last update."""
     for _ in range(seconds):
         rig.clock.advance(SAMPLE_INTERVAL / 2)
-        rig.subsystem.update()
+        rig.subsystem.round_done()
         rig.clock.advance(SAMPLE_INTERVAL / 2)
         rig.sample()
         await rig.subsystem.poll()
@@ -150,7 +152,7 @@ async def run(rig: Rig, seconds: int, *, processes: bool = False) -> None:
             await rig.kubelet.refresh()
             await rig.subsystem.scan_processes()
             await rig.subsystem.sample_activity()
-        rig.subsystem.update()
+        rig.subsystem.round_done()
 
 
 def per_pod(values: dict[str, float], name: str) -> dict[str, float]:
@@ -164,7 +166,7 @@ def per_pod(values: dict[str, float], name: str) -> dict[str, float]:
 async def test_scripted_idle_time(rig: Rig) -> None:
     rig.sample()  # the collectors' first reading is their baseline
     await rig.subsystem.poll()
-    rig.subsystem.update()
+    rig.subsystem.round_done()
     await run(rig, SECONDS)
     values = series(rig.subsystem.samples())
     idle = per_pod(values, "gpu_allocated_idle_seconds_total")
@@ -196,7 +198,7 @@ async def test_scripted_idle_time(rig: Rig) -> None:
 async def test_shared_devices_are_idle_per_pod_by_their_own_processes(rig: Rig) -> None:
     rig.sample()
     await rig.subsystem.poll()
-    rig.subsystem.update()
+    rig.subsystem.round_done()
     await run(rig, SECONDS, processes=True)
     values = series(rig.subsystem.samples())
     idle = per_pod(values, "gpu_allocated_idle_seconds_total")
@@ -234,7 +236,7 @@ allocations:
 async def test_an_mps_gpu_and_its_clients(rig: Rig) -> None:
     rig.sample()
     await rig.subsystem.poll()
-    rig.subsystem.update()
+    rig.subsystem.round_done()
     await run(rig, 20, processes=True)
     values = series(rig.subsystem.samples())
     assert [k.split('mode="')[1].split('"')[0] for k in named(values, "gpu_sharing_info")] == [
@@ -266,18 +268,18 @@ async def test_memory_and_holders_through_the_simulated_host(rig: Rig) -> None:
     }
     share_gpu = rig.node.gpus[2].uuid
     now = rig.subsystem._wall_clock()
-    assert rig.subsystem.holder(share_gpu, now, None) is None  # two pods share it
-    assert rig.subsystem.holder(share_gpu, now, 1003) == ("web", "share-a")
-    assert rig.subsystem.holder(rig.node.gpus[0].uuid, now, None) == ("ml", "trainer")
+    assert rig.subsystem.holders().holder(share_gpu, now, None) is None  # two pods share it
+    assert rig.subsystem.holders().holder(share_gpu, now, 1003) == ("web", "share-a")
+    assert rig.subsystem.holders().holder(rig.node.gpus[0].uuid, now, None) == ("ml", "trainer")
     mig_gpu = rig.node.gpus[3]
-    assert rig.subsystem.holder(mig_gpu.migs[0].uuid, now, None) == ("batch", "mig-idle")
+    assert rig.subsystem.holders().holder(mig_gpu.migs[0].uuid, now, None) == ("batch", "mig-idle")
 
 
 @pytest.mark.parametrize("node", [None], indirect=True, ids=["builtin"])
 async def test_builtin_scenario(rig: Rig) -> None:
     rig.sample()
     await rig.subsystem.poll()
-    rig.subsystem.update()
+    rig.subsystem.round_done()
     await run(rig, 60, processes=True)
     values = series(rig.subsystem.samples())
     idle = per_pod(values, "gpu_allocated_idle_seconds_total")

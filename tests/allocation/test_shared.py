@@ -33,7 +33,7 @@ async def test_the_time_sliced_gpu_tells_its_busy_pod_from_its_idle_one(
     live: tuple[Sampler, AllocationSubsystem],
 ) -> None:
     sampler, subsystem = live
-    while not subsystem.up:
+    while not subsystem.published.up:
         await subsystem.wait_for_poll()
     # Per-process samples come once a second; the first read is a baseline.
     await sampler.wait_for_rounds(Cadence.FAST, int(2.5 / FAST))
@@ -59,7 +59,7 @@ async def test_sharing_modes_of_the_built_in_node(
     live: tuple[Sampler, AllocationSubsystem],
 ) -> None:
     _, subsystem = live
-    while not subsystem.up:
+    while not subsystem.published.up:
         await subsystem.wait_for_poll()
     modes = {
         key.split('gpu="')[1].split('"')[0]: key.split('mode="')[1].split('"')[0]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from gpu_exporter.allocation.jobgpus import GpuOrder, JobGpus, SlurmError, SlurmJob, job_gpus
 from gpu_exporter.allocation.processes import GpuProcess
-from gpu_exporter.allocation.subsystem import AllocationSubsystem
+from gpu_exporter.allocation.subsystem import AllocationSettings, AllocationSubsystem
 from gpu_exporter.devices import Device
 from gpu_exporter.ledger import ActivityLedger
 from gpu_exporter.nvml import WorkerPool
@@ -49,13 +49,15 @@ class Jobs:
 
 def subsystem(jobs: Jobs, pool: WorkerPool, clock: FakeClock) -> AllocationSubsystem:
     return AllocationSubsystem(
-        socket_path=Path("/nonexistent"),
+        AllocationSettings(
+            socket_path=Path("/nonexistent"),
+            poll_interval=1.0,
+            call_timeout=0.5,
+            process_interval=None,
+        ),
         devices=whole_gpus,
         ledger=ActivityLedger(),
         executor=pool,
-        poll_interval=1.0,
-        call_timeout=0.5,
-        process_interval=None,
         clock=clock,
         jobs=jobs,
     )
@@ -71,7 +73,7 @@ async def test_series_per_gpu_stay_bounded_while_100_short_jobs_come_and_go(
         jobs.hold(SlurmJob(str(1000 + n), (0,), "u", f"acct-{n % 3}", "batch"))
         await sub.poll()
         clock.advance(2.0)  # past the poll interval: the previous job's counters leave
-        sub.update()
+        sub.round_done()
         values = series(sub.samples())
         on_gpu0 = [k for k in values if 'gpu="0"' in k]
         most = max(most, len(on_gpu0))
@@ -100,7 +102,7 @@ async def test_a_job_is_labelled_by_job_id_only_on_the_accounting_series(pool: W
         f'gpu_allocated_seconds_total{{gpu="3",uuid="{GPU_D.uuid}",job_id="42"}}',
     }
     assert named(values, "gpu_allocated")[f'gpu_allocated{{gpu="2",uuid="{GPU_C.uuid}"}}'] == 0
-    assert sub.holder(GPU_A.uuid, time.time()) == ("", "42"), "Xids would miss the job"
+    assert sub.holders().holder(GPU_A.uuid, time.time()) == ("", "42"), "Xids would miss the job"
 
 
 async def test_a_failing_or_hung_source_goes_down_and_withholds_the_jobs(pool: WorkerPool) -> None:
@@ -125,7 +127,7 @@ async def test_a_failing_or_hung_source_goes_down_and_withholds_the_jobs(pool: W
     await asyncio.to_thread(jobs.returned.wait, 10)
     for _ in range(100):  # its future completes on the worker just after the read returns
         await sub.poll()
-        if sub.up:
+        if sub.published.up:
             break
     assert series(sub.samples())[SOURCE_UP] == 1
     await sub.stop()
@@ -151,12 +153,14 @@ async def test_processes_are_split_per_job_through_their_cgroup(
     jobs.hold(SlurmJob("42", (0,)), SlurmJob("43", (0,)))
     used = [GpuProcess(100, 3 * GIB), GpuProcess(101, GIB), GpuProcess(102, GIB)]
     sub = AllocationSubsystem(
-        socket_path=Path("/nonexistent"),
+        AllocationSettings(
+            socket_path=Path("/nonexistent"),
+            proc_path=proc,
+            pod_logs_path=tmp_path / "pods",
+        ),
         devices=whole_gpus,
         ledger=ActivityLedger(),
         executor=pool,
-        proc_path=proc,
-        pod_logs_path=tmp_path / "pods",
         process_lister=lambda device: used if device.uuid == GPU_A.uuid else [],
         clock=clock,
         jobs=jobs,
@@ -169,4 +173,5 @@ async def test_processes_are_split_per_job_through_their_cgroup(
         f'gpu_container_memory_used_bytes{{gpu="0",uuid="{GPU_A.uuid}",job_id="42"}}': 3 * GIB,
         f'gpu_container_memory_used_bytes{{gpu="0",uuid="{GPU_A.uuid}",job_id="43"}}': GIB,
     }
-    assert sub.holder(GPU_A.uuid, time.time(), pid=101) == ("", "43"), "a PID singles out its job"
+    holder = sub.holders().holder(GPU_A.uuid, time.time(), pid=101)
+    assert holder == ("", "43"), "a PID singles out its job"

@@ -13,7 +13,7 @@ import pytest
 
 from gpu_exporter.allocation.process_activity import ProcessSample
 from gpu_exporter.allocation.processes import GpuProcess
-from gpu_exporter.allocation.subsystem import AllocationSubsystem
+from gpu_exporter.allocation.subsystem import AllocationSettings, AllocationSubsystem
 from gpu_exporter.collectors import Cadence
 from gpu_exporter.devices import Device
 from gpu_exporter.ledger import ActivityLedger
@@ -179,12 +179,14 @@ async def test_series_stay_bounded_while_a_thousand_processes_come_and_go(
         return [ProcessSample(p.pid, stamp[0], 0.5, 0.1) for p in on_a]
 
     sub = AllocationSubsystem(
-        socket_path=kubelet.socket_path,
+        AllocationSettings(
+            socket_path=kubelet.socket_path,
+            proc_path=tmp_path / "proc",
+            pod_logs_path=tmp_path / "pods",
+        ),
         devices=devices,
         ledger=ActivityLedger(),
         executor=pool,
-        proc_path=tmp_path / "proc",
-        pod_logs_path=tmp_path / "pods",
         process_lister=Processes({UUID_A: current}),
         utilization_reader=utilization,
     )
@@ -202,7 +204,7 @@ async def test_series_stay_bounded_while_a_thousand_processes_come_and_go(
                 write_cgroup(tmp_path, pid, pod_uid("debug", "shell"))
         await sub.scan_processes()
         await sub.sample_activity()
-        sub.update()
+        sub.round_done()
         seen |= set(series(sub.samples()))
     assert len({p.process.pid for p in sub.processes}) == 100, "the last scan's processes"
     assert not [k for k in seen if any(str(pid) in k for pid in range(10_000, 11_000))]
@@ -328,12 +330,14 @@ async def test_no_pod_is_said_to_hold_nothing_before_the_kubelet_answers(
     kubelet.running.append(("debug", "shell", "sh"))
     make_pod(tmp_path, "debug", "shell", ["sh"], {100: "sh"})
     sub = AllocationSubsystem(
-        socket_path=kubelet.socket_path,
+        AllocationSettings(
+            socket_path=kubelet.socket_path,
+            proc_path=tmp_path / "proc",
+            pod_logs_path=tmp_path / "pods",
+        ),
         devices=devices,
         ledger=ActivityLedger(),
         executor=pool,
-        proc_path=tmp_path / "proc",
-        pod_logs_path=tmp_path / "pods",
         process_lister=Processes({UUID_A: [GpuProcess(100, GIB)]}),
     )
     await sub.scan_processes()

@@ -16,7 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from gpu_exporter.allocation.subsystem import AllocationSubsystem
+from gpu_exporter.allocation.subsystem import AllocationSettings, AllocationSubsystem
 from gpu_exporter.collectors import ALL_COLLECTORS, Cadence
 from gpu_exporter.http.webguard import RequestGuard
 from gpu_exporter.nvml import WorkerPool
@@ -56,13 +56,15 @@ async def golden_exposition() -> str:
         await kubelet.start()
         await sampler.start(background=False)
         allocation = AllocationSubsystem(
-            socket_path=kubelet.socket_path,
+            AllocationSettings(
+                socket_path=kubelet.socket_path,
+                proc_path=kubelet.proc_path,
+                pod_logs_path=kubelet.pod_logs_path,
+            ),
             devices=sampler.devices,
             ledger=shared.ledger,
             mig_profiles=shared.mig_profiles,
             executor=pool,
-            proc_path=kubelet.proc_path,
-            pod_logs_path=kubelet.pod_logs_path,
             errors=shared.errors,
             clock=clock,
             wall_clock=lambda: WALL_EPOCH + clock(),
@@ -102,11 +104,11 @@ async def _run(
     await sampler.sample_round(Cadence.SLOW)
     for second in range(ROUNDS):
         clock.advance(0.5)
-        allocation.update()
+        allocation.round_done()
         clock.advance(0.5)
         await sampler.sample_round(Cadence.FAST)
         await allocation.poll()
-        allocation.update()
+        allocation.round_done()
         if second == 4:
             devices = {d.id.index: d.id for d in sampler.devices() if not d.id.is_mig}
             xid._on_nvml_xid(13, devices[0], None, WALL_EPOCH + clock())  # application

@@ -1,4 +1,5 @@
-"""The allocation subsystem's series, built from its state (on the event loop, when it changed)."""
+"""The allocation subsystem's series, built from its state on the event loop, each part when
+what it shows changed (the time counters after each accounting round)."""
 
 from __future__ import annotations
 
@@ -69,25 +70,25 @@ class UnresolvedCounts:
 HolderLabels = Callable[..., str]
 
 
-def allocation_samples(
-    allocations: Allocations,
-    accountant: IdleAccountant,
-    rightsizer: RightSizer,
-    observed: Iterable[Holding] = (),
-    *,
-    holder: HolderLabels = holder_labels,
-    info: bool = True,
+def holding_samples(
+    allocations: Allocations, observed: Iterable[Holding] = (), *, info: bool = True
 ) -> Iterable[Sample]:
-    """Who holds what (``observed``: pods seen only through their processes), the schedulable
-    devices, the time counters and right-sizing. ``holder`` labels the time counters
-    (:func:`~.metrics.job_labels` on a Slurm node, whose holders are told by
-    :func:`job_info_samples` instead of gpu_allocation_info)."""
+    """Who holds what (``observed``: pods seen only through their processes; ``info`` False
+    on a Slurm node, whose holders :func:`job_info_samples` tells instead of
+    gpu_allocation_info), and the schedulable devices."""
     held = allocations.pods_by_device()
     for h in (*allocations.holdings, *observed) if info else ():
         labels = info_labels(h.device.labels, h.namespace, h.pod, h.container, h.resource, h.source)
         yield Sample(ALLOCATION_INFO, labels, 1)
     for device in allocations.schedulable:
         yield Sample(ALLOCATED, device.labels, 1.0 if held.get(device.uuid) else 0.0)
+
+
+def accounting_samples(
+    accountant: IdleAccountant, rightsizer: RightSizer, holder: HolderLabels = holder_labels
+) -> Iterable[Sample]:
+    """The time counters of every holder (``holder`` labels them: :func:`~.metrics.job_labels`
+    on a Slurm node) and right-sizing."""
     for usage in accountant.usages():
         labels = holder(usage.device.labels, usage.pod[0], usage.pod[1])
         yield Sample(ALLOCATED_SECONDS, labels, usage.allocated)

@@ -1,0 +1,30 @@
+"""What the allocation subsystem publishes: one immutable :class:`AllocationSnapshot` per change.
+
+The subsystem builds a new snapshot on the event loop after each accounting round, poll that
+changed something, process scan, activity read and placement, and replaces
+``AllocationSubsystem.published`` with it. Readers on any thread read that attribute and keep
+the value they got: the sampler's render (``samples``), the Xid reader threads (``holders``),
+the status page (``processes``). Nobody waits on the event loop to read a dict.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..exposition import Sample
+from .history import HolderSnapshot
+from .model import Allocations
+from .placement import PlacementSnapshot
+from .unseen import ClassifiedProcess
+
+
+@dataclass(frozen=True)
+class AllocationSnapshot:
+    up: bool = False  # whether the holder source (kubelet or Slurm) answered its last poll
+    # The last resolved allocations: device-plugin and DRA holdings alike (a DRA holding names
+    # its claim), and the schedulable devices. Kept while the source is down (not published).
+    allocations: Allocations = field(default_factory=Allocations)
+    holders: HolderSnapshot = field(default_factory=HolderSnapshot)  # for attributing events
+    processes: tuple[ClassifiedProcess, ...] = ()  # every GPU process of the last scan, classed
+    placement: PlacementSnapshot = field(default_factory=PlacementSnapshot)
+    samples: tuple[Sample, ...] = ()  # every series, as of this snapshot
