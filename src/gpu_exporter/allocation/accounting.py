@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from ..devices import DeviceId, idle_activity_source
 from ..ledger import SM_BANDS, ActivityKind, ActivityLedger, ActivityPoint, sm_band
@@ -65,6 +65,17 @@ class PodUsage:
     own: tuple[float, float] | None = None  # (at, seconds) of its own activity, shared devices
     # Seconds in each SM activity band (SM_BANDS); None until an SM interval was credited.
     bands: list[float] | None = field(default=None)
+
+
+class UsageReading(NamedTuple):
+    """One holder's counters as of an accounting round (what its series show)."""
+
+    device: DeviceId
+    pod: PodKey
+    allocated: float
+    idle: float | None  # None: the device has no idle signal
+    streak: float | None  # None: no idle signal, or released
+    bands: tuple[float, ...] | None  # seconds per SM activity band; None: none credited
 
 
 @dataclass
@@ -119,6 +130,17 @@ class IdleAccountant:
 
     def usages(self) -> Iterator[PodUsage]:
         return iter(self._usage.values())
+
+    def readings(self) -> tuple[UsageReading, ...]:
+        """Every holder's counters as they are now (frozen, for a published snapshot)."""
+        readings = []
+        for u in self._usage.values():
+            signal = self.has_idle_signal(u.device.uuid)
+            idle = u.idle if signal else None
+            streak = u.streak if signal and u.released_at is None else None
+            bands = None if u.bands is None else tuple(u.bands)
+            readings.append(UsageReading(u.device, u.pod, u.allocated, idle, streak, bands))
+        return tuple(readings)
 
     def has_idle_signal(self, uuid: str) -> bool:
         return self._activity.get(uuid) is not None or self._own_signal(uuid)

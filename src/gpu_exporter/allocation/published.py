@@ -10,11 +10,13 @@ the status page (``processes``). Nobody waits on the event loop to read a dict.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from ..exposition import Sample
 from .history import HolderSnapshot
 from .model import Allocations
 from .placement import PlacementSnapshot
+from .samples import AccountingSeries
 from .unseen import ClassifiedProcess
 
 
@@ -27,4 +29,15 @@ class AllocationSnapshot:
     holders: HolderSnapshot = field(default_factory=HolderSnapshot)  # for attributing events
     processes: tuple[ClassifiedProcess, ...] = ()  # every GPU process of the last scan, classed
     placement: PlacementSnapshot = field(default_factory=PlacementSnapshot)
-    samples: tuple[Sample, ...] = ()  # every series, as of this snapshot
+    # Every series, in three parts: the source's state and who holds what; the time counters
+    # and right-sizing (built when first read); sharing, placement, per-container memory and
+    # activity.
+    leading: tuple[Sample, ...] = ()
+    accounting: AccountingSeries = field(default_factory=AccountingSeries)
+    trailing: tuple[Sample, ...] = ()
+
+    @cached_property
+    def samples(self) -> tuple[Sample, ...]:
+        """Every series as of this snapshot (built once, by whichever reader comes first: it
+        reads frozen values only)."""
+        return (*self.leading, *self.accounting.samples(), *self.trailing)

@@ -23,8 +23,9 @@ released allocation is forgotten at once. Cost: 28 floats and a few fields per a
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from ..devices import DeviceId
 from ..exposition import Family, Sample, gauge
@@ -69,20 +70,24 @@ class ActivityHistogram:
         self.seconds[bucket - 1] += seconds
 
     def quantile_edge(self, q: float = QUANTILE) -> float | None:
-        """The smallest edge at or below which a fraction ``q`` of the time lies; None if empty.
+        return quantile_edge(self.seconds, q)
 
-        The true quantile is at most this edge, so a profile fraction that is an edge covers the
-        quantile exactly when it is at least the edge.
-        """
-        total = sum(self.seconds)
-        if total <= 0:
-            return None
-        running = 0.0
-        for k, seconds in enumerate(self.seconds, start=1):
-            running += seconds
-            if running >= q * total * (1 - 1e-12):
-                return k / BUCKETS
-        return 1.0
+
+def quantile_edge(buckets: Sequence[float], q: float = QUANTILE) -> float | None:
+    """The smallest edge at or below which a fraction ``q`` of the time lies; None if empty.
+
+    The true quantile is at most this edge, so a profile fraction that is an edge covers the
+    quantile exactly when it is at least the edge.
+    """
+    total = sum(buckets)
+    if total <= 0:
+        return None
+    running = 0.0
+    for k, seconds in enumerate(buckets, start=1):
+        running += seconds
+        if running >= q * total * (1 - 1e-12):
+            return k / BUCKETS
+    return 1.0
 
 
 def smallest_fit(table: ProfileTable, peak_bytes: int, activity_p95: float) -> str:
@@ -158,27 +163,22 @@ class RightSizer:
             if tenure is not None:
                 tenure.peak = total if tenure.peak is None else max(tenure.peak, total)
 
-    def samples(self) -> Iterator[Sample]:
+    def reading(self) -> RightSizing:
+        """Peaks and what a fit is made from, as they are now (frozen)."""
         shared = _shared(self._tenures)
+        holders = []
         for (uuid, (namespace, pod)), tenure in self._tenures.items():
             if tenure.peak is None:
                 continue  # no scan has seen its processes yet
-            labels = holder_labels(tenure.device.labels, namespace, pod)
-            yield Sample(MEMORY_PEAK, labels, float(tenure.peak))
-            fit = self._fit(tenure) if uuid not in shared else None
-            if fit is not None:
-                yield Sample(SMALLEST_FIT, fit_labels(labels, fit), 1)
-        for (model, profile), fraction in self._profiles.compute_fractions().items():
-            yield Sample(COMPUTE_FRACTION, fraction_labels(model, profile), fraction)
+            fits = uuid not in shared and not tenure.device.is_mig
+            table = self._profiles.table(uuid) if fits else None
+            activity = tuple(tenure.activity.seconds) if table is not None else ()
+            peak = tenure.peak
+            holders.append(_PeakReading(tenure.device, namespace, pod, peak, table, activity))
+        return RightSizing(tuple(holders), tuple(self._profiles.compute_fractions().items()))
 
-    def _fit(self, tenure: _Tenure) -> str | None:
-        if tenure.device.is_mig or tenure.peak is None:
-            return None
-        table = self._profiles.table(tenure.device.uuid)
-        p95 = tenure.activity.quantile_edge()
-        if table is None or p95 is None:
-            return None  # not MIG-capable, or no activity seen yet
-        return smallest_fit(table, tenure.peak, p95)
+    def samples(self) -> Iterator[Sample]:
+        return self.reading().samples()
 
     def _next_interval(self, uuid: str) -> tuple[float, float, float] | None:
         """The device's activity interval since the last one consumed, with its mean ratio."""
@@ -196,6 +196,40 @@ class RightSizer:
                 return None
             return signal.point.at, point.at, gained / (point.at - signal.point.at)
         return None
+
+
+class _PeakReading(NamedTuple):
+    device: DeviceId
+    namespace: str
+    pod: str
+    peak: int
+    table: ProfileTable | None  # None: no fit (a MIG instance, a shared or not MIG-capable GPU)
+    activity: tuple[float, ...]  # the activity histogram's seconds, where a fit is made
+
+    def fit(self) -> str | None:
+        p95 = quantile_edge(self.activity) if self.table is not None else None
+        if self.table is None or p95 is None:
+            return None  # not MIG-capable, or no activity seen yet
+        return smallest_fit(self.table, self.peak, p95)
+
+
+@dataclass(frozen=True)
+class RightSizing:
+    """Peaks and fits as of one accounting round, frozen: the fit is worked out when the
+    samples are read (a render), not every round."""
+
+    holders: tuple[_PeakReading, ...] = ()
+    fractions: tuple[tuple[tuple[str, str], float], ...] = ()
+
+    def samples(self) -> Iterator[Sample]:
+        for h in self.holders:
+            labels = holder_labels(h.device.labels, h.namespace, h.pod)
+            yield Sample(MEMORY_PEAK, labels, float(h.peak))
+            fit = h.fit()
+            if fit is not None:
+                yield Sample(SMALLEST_FIT, fit_labels(labels, fit), 1)
+        for (model, profile), fraction in self.fractions:
+            yield Sample(COMPUTE_FRACTION, fraction_labels(model, profile), fraction)
 
 
 def _shared(tenures: Mapping[tuple[str, PodKey], _Tenure]) -> set[str]:

@@ -3,12 +3,13 @@ what it shows changed (the time counters after each accounting round)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from ..devices import DeviceId
 from ..exposition import Sample, label_string
 from ..ledger import SM_BANDS
-from .accounting import IdleAccountant
+from .accounting import UsageReading
 from .dra import DRA_REASONS
 from .jobgpus import JobHolding
 from .metrics import (
@@ -40,7 +41,7 @@ from .metrics import (
 from .model import Allocations, Holding
 from .placement import PlacementSnapshot
 from .process_activity import ContainerActivity
-from .rightsizing import RightSizer
+from .rightsizing import RightSizing
 from .sharing import sharing_modes
 from .unseen import UNATTRIBUTED, UnattributedMemory, unattributed_owner
 
@@ -85,21 +86,35 @@ def holding_samples(
 
 
 def accounting_samples(
-    accountant: IdleAccountant, rightsizer: RightSizer, holder: HolderLabels = holder_labels
+    usages: Iterable[UsageReading], holder: HolderLabels = holder_labels
 ) -> Iterable[Sample]:
     """The time counters of every holder (``holder`` labels them: :func:`~.metrics.job_labels`
-    on a Slurm node) and right-sizing."""
-    for usage in accountant.usages():
+    on a Slurm node)."""
+    for usage in usages:
         labels = holder(usage.device.labels, usage.pod[0], usage.pod[1])
         yield Sample(ALLOCATED_SECONDS, labels, usage.allocated)
-        if accountant.has_idle_signal(usage.device.uuid):
+        if usage.idle is not None:
             yield Sample(ALLOCATED_IDLE_SECONDS, labels, usage.idle)
-            if usage.released_at is None:
+            if usage.streak is not None:
                 yield Sample(IDLE_STREAK, labels, usage.streak)
         if usage.bands is not None:
             for band, seconds in zip(SM_BANDS, usage.bands, strict=True):
                 yield Sample(SM_BAND_SECONDS, band_labels(labels, band), seconds)
-    yield from rightsizer.samples()
+
+
+@dataclass(frozen=True)
+class AccountingSeries:
+    """The time counters and right-sizing as of one accounting round, frozen: their samples
+    are built when a render first reads them, not every round (a MIG node's holders make
+    hundreds of them)."""
+
+    usages: tuple[UsageReading, ...] = ()
+    rightsizing: RightSizing = field(default_factory=RightSizing)
+    holder: HolderLabels = holder_labels
+
+    def samples(self) -> Iterator[Sample]:
+        yield from accounting_samples(self.usages, self.holder)
+        yield from self.rightsizing.samples()
 
 
 def job_info_samples(holdings: Iterable[JobHolding]) -> Iterable[Sample]:

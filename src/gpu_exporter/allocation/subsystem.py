@@ -62,7 +62,7 @@ from .published import AllocationSnapshot
 from .rightsizing import FAMILIES as RIGHTSIZING_FAMILIES
 from .rightsizing import RightSizer
 from .samples import (
-    accounting_samples,
+    AccountingSeries,
     activity_samples,
     holding_samples,
     memory_samples,
@@ -178,7 +178,7 @@ class AllocationSubsystem:
         self._holdings_for: Allocations | None = None  # what self._holdings shows, if current
         # The published series in parts, each rebuilt by the steps that change it.
         self._holdings: tuple[Sample, ...] = ()  # who holds what, schedulable devices
-        self._accounting: tuple[Sample, ...] = ()  # time counters and right-sizing
+        self._accounting = AccountingSeries()  # time counters and right-sizing
         self._shown: tuple[Sample, ...] = ()  # job info, sharing modes, placement
         self._processes: tuple[Sample, ...] = ()  # per-container memory and activity
         self.published = AllocationSnapshot()
@@ -378,7 +378,8 @@ class AllocationSubsystem:
         self._up = False
         self._source.forget()
         self._accountant.pause()
-        self._holdings = self._accounting = self._shown = ()  # withheld from now on
+        self._holdings = self._shown = ()  # withheld from now on
+        self._accounting = AccountingSeries()
         self._holdings_for = None
         self._publish()
 
@@ -420,10 +421,10 @@ class AllocationSubsystem:
 
     def _rebuild_accounting(self) -> None:
         if not self._up:
-            self._accounting = ()
+            self._accounting = AccountingSeries()
             return
-        labels = self._source.holder_labels
-        self._accounting = tuple(accounting_samples(self._accountant, self._rightsizer, labels))
+        usages, rightsizing = self._accountant.readings(), self._rightsizer.reading()
+        self._accounting = AccountingSeries(usages, rightsizing, self._source.holder_labels)
 
     def _rebuild_processes(self) -> None:
         labels, owners = self._source.holder_labels, self._owners
@@ -451,15 +452,14 @@ class AllocationSubsystem:
             holders=last.holders if holders is None else holders,
             processes=last.processes if processes is None else processes,
             placement=last.placement if placement is None else placement,
-            samples=(
+            leading=(
                 Sample(SOURCE_UP, source.labels, 1.0 if self._up else 0.0),
                 Sample(SOURCE_TRANSITIONS, source.labels, float(self._transitions)),
                 *source.self_samples(),
                 *self._holdings,
-                *self._accounting,
-                *self._shown,
-                *self._processes,
             ),
+            accounting=self._accounting,
+            trailing=(*self._shown, *self._processes),
         )
 
     def _warn(self, key: str, event: str, **fields: Any) -> None:
