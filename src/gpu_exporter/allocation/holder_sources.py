@@ -205,12 +205,14 @@ class SlurmSource:
     labels = label_string({"source": "slurm"})
     info = False  # gpu_slurm_job_info tells the holders instead
 
-    def __init__(self, jobs: JobSource, pool: WorkerPool, timeout: float) -> None:
+    def __init__(
+        self, jobs: JobSource, pool: WorkerPool, timeout: float, log: RateLimitedLog
+    ) -> None:
         self.holder_labels: HolderLabels = job_labels
         self.answer: JobGpus | None = None
         self._jobs = jobs
         self._pool = pool
-        self._read = PoolJob("jobs", timeout)
+        self._read = PoolJob("jobs", timeout, log)
         self._resolved_from: tuple[object, ...] = ()
         self._resolved = Allocations()
         self._holdings: tuple[JobHolding, ...] = ()

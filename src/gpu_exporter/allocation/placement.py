@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from ..devices import Device, DeviceId
-from ..nvml import DeviceCalls, ErrorCounter, SupportRegistry
+from ..logs import RateLimitedLog
+from ..nvml import DeviceCalls, ErrorCounter, SupportRegistry, WorkerPool
 from ..topology.paths import (
     PathKind,
     Topology,
@@ -24,6 +26,7 @@ from ..topology.paths import (
 from ..topology.read import read_topology
 from .model import Allocations, PodKey
 from .podresources import ContainerCpus
+from .pool_jobs import PoolJob
 
 
 @dataclass(frozen=True)
@@ -131,3 +134,40 @@ class PlacementReader:
 PlacementRead = Callable[
     [Sequence[Device], Allocations, Sequence[ContainerCpus]], PlacementSnapshot
 ]
+
+
+class Placer:
+    """Places the holders again when what a placement depends on changed: the holdings, the
+    kubelet's CPU assignments, the devices' uuids and MIG modes (not the devices' other
+    identity: their activity source changes when DCGM connects, say, which would read the
+    topology again for nothing). The read runs on the worker pool as ``job``."""
+
+    def __init__(self, read: PlacementRead, job: PoolJob, log: RateLimitedLog) -> None:
+        self._read = read
+        self._job = job
+        self._log = log
+        self._placed_from: object = None  # what the last placement was made from
+
+    async def place(
+        self,
+        pool: WorkerPool,
+        devices: Sequence[Device],
+        allocations: Allocations,
+        cpus: Sequence[ContainerCpus],
+    ) -> PlacementSnapshot | None:
+        """The new placement; None when nothing it depends on changed, or no read finished (a
+        hung one is not started again beside it; a failed one is tried at the next call)."""
+        if self._job.stuck:
+            return None
+        held = frozenset((h.device.uuid, *h.pod_key, h.container) for h in allocations.holdings)
+        key = (held, tuple(cpus), tuple((d.uuid, d.id.mig_mode) for d in devices))
+        if key == self._placed_from:
+            return None
+        try:
+            placement = await self._job.run(pool, partial(self._read, devices, allocations, cpus))
+        except Exception as exc:  # a GPU lost mid-read included: tried again at the next poll
+            self._log.warning("placement-failed", "topology read failed", error=repr(exc))
+            return None
+        if placement is not None:
+            self._placed_from = key
+        return placement

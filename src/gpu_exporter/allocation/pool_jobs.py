@@ -12,15 +12,17 @@ import concurrent.futures
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from ..nvml import CallTimedOut, WorkerPool
+from ..logs import RateLimitedLog
+from ..nvml import CallTimedOut, PoolExhausted, WorkerPool
 
 T = TypeVar("T")
 
 
 class PoolJob:
-    def __init__(self, name: str, timeout: float) -> None:
+    def __init__(self, name: str, timeout: float, log: RateLimitedLog) -> None:
         self.name = name  # in the log's keys and events: "scan timed out"
         self.timeout = timeout
+        self._log = log
         self._hung: concurrent.futures.Future[Any] | None = None
 
     @property
@@ -35,3 +37,16 @@ class PoolJob:
         except CallTimedOut as exc:
             self._hung = exc.future
             raise
+
+    async def run(self, pool: WorkerPool, fn: Callable[[], T]) -> T | None:
+        """:meth:`call`, but None, and a rate-limited warning, when ``fn`` timed out or could
+        not start (what ``fn`` raised itself still propagates)."""
+        try:
+            return await self.call(pool, fn)
+        except CallTimedOut:
+            self._log.warning(
+                f"{self.name}-timeout", f"{self.name} timed out", timeout_s=self.timeout
+            )
+        except PoolExhausted as exc:
+            self._log.warning(f"{self.name}-submit", f"{self.name} not started", error=str(exc))
+        return None

@@ -1,7 +1,9 @@
-"""Whose each GPU process is, as of the last process scan (applied on the event loop).
+"""Whose each GPU process is, and what it does: the process scan and the per-process activity
+reads, run on the worker pool and applied on the event loop.
 
-A scan (:func:`~.processes.scan`, on a worker thread) lists every GPU process with its pod UID
-and the pod log directories' names. Here each process is classed against its device's holders
+A scan (:func:`~.processes.scan`, on a worker thread, every ``process_interval``) lists every
+GPU process with its pod UID and the pod log directories' names. :meth:`ProcessOwners.apply`
+then classes each process against its device's holders
 (:mod:`.unseen`: a pod running on a device it holds nothing of is a ``source="process"`` holder,
 what runs in no pod or a gone one is summed apart), given its container, and its memory summed
 per container for ``gpu_container_memory_used_bytes``. On a Slurm node a process belongs to the
@@ -9,23 +11,27 @@ job its cgroup or environment names (:mod:`.jobprocs`) instead, and one outside 
 skipped like a host process.
 
 A PID seen in a pod is remembered :data:`PID_RETENTION` seconds: events are attributed to it
-(its process may have died in the very fault being attributed), and per-process activity
-samples are summed to its container.
+(its process may have died in the very fault being attributed), and per-process utilisation
+samples (:meth:`ProcessOwners.read_activity`, every ``poll_interval``) are summed to its
+container (:mod:`.process_activity`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from types import MappingProxyType
 
-from ..devices import DeviceId
+from ..devices import Device, DeviceId
+from ..nvml import WorkerPool
 from .cgroups import PodName
 from .jobprocs import read_process_jobs
 from .model import Allocations, Holding, PodKey
-from .process_activity import Owner
-from .processes import ScanResult
+from .pool_jobs import PoolJob
+from .process_activity import ContainerActivity, Owner, ProcessSample
+from .processes import ComputeModeReader, ProcessLister, ScanResult, scan
 from .unseen import (
     UNATTRIBUTED,
     ClassifiedProcess,
@@ -47,9 +53,42 @@ class _PidOwner:
     container: str = ""
 
 
+# NVML's per-process utilisation samples of one device; None where it has none
+UtilizationRead = Callable[[Device], list[ProcessSample] | None]
+
+
 class ProcessOwners:
-    def __init__(self, wall_clock: Callable[[], float]) -> None:
+    """``job_node``: processes belong to Slurm jobs, not pods. The scan and the activity read
+    run as ``scan`` and ``activity`` on ``pool``; ``lister``, ``compute_mode`` and
+    ``utilization`` are the NVML reads they make."""
+
+    def __init__(
+        self,
+        pool: WorkerPool,
+        *,
+        proc_path: Path,
+        pod_logs_path: Path,
+        scan: PoolJob,
+        activity: PoolJob,
+        lister: ProcessLister,
+        compute_mode: ComputeModeReader,
+        utilization: UtilizationRead,
+        clock: Callable[[], float],
+        wall_clock: Callable[[], float],
+        job_node: bool = False,
+    ) -> None:
+        self._pool = pool
+        self._proc_path = proc_path
+        self._pod_logs_path = pod_logs_path
+        self._scan, self._activity_read = scan, activity
+        self._lister = lister
+        self._compute_mode = compute_mode
+        self._utilization = utilization
+        self._clock = clock
         self._wall_clock = wall_clock
+        self._job_node = job_node
+        # Per-container activity integrals (the accountant's per-pod rule on shared devices).
+        self.activity = ContainerActivity(kept=[unattributed_owner(c) for c in UNATTRIBUTED])
         self.pod_names: dict[str, PodName] = {}  # pod UID -> names, from the pod log directories
         self._pids: dict[int, _PidOwner] = {}
         self._unattributed_pids: dict[int, str] = {}  # PID -> its class, for activity
@@ -61,6 +100,48 @@ class ProcessOwners:
         self.mps: set[str] = set()  # uuids with MPS clients
         self.compute_modes: dict[str, int] = {}
         self.by_pid: Mapping[int, PodKey] = MappingProxyType({})
+
+    async def scan(
+        self, devices: Iterable[Device], allocations: Allocations
+    ) -> tuple[ScanResult, dict[int, str] | None] | None:
+        """One scan of ``devices`` (the job and PID -> job id on a Slurm node); None while an
+        earlier scan is stuck (an NVML call hung: threads do not pile up) or none finished."""
+        if self._scan.stuck:
+            return None
+        job = partial(
+            scan,
+            [d for d in devices if d.id.is_mig or d.id.mig_mode != "enabled"],
+            self._lister,
+            self._proc_path,
+            self._pod_logs_path,
+            set(self.pod_names),
+            self._compute_mode,
+            self.held_pod_uids(allocations),
+        )
+        if self._job_node:
+            return await self._scan.run(self._pool, partial(_scan_jobs, job, self._proc_path))
+        result = await self._scan.run(self._pool, job)
+        return None if result is None else (result, None)
+
+    async def read_activity(self, devices: Iterable[Device]) -> bool | None:
+        """New per-process utilisation samples of ``devices``' whole GPUs, summed per container;
+        whether a device's holders got their first own samples (their idle rule changes). None
+        when no read finished."""
+        sampled = [d for d in devices if not d.id.is_mig and d.id.mig_mode != "enabled"]
+        if self._activity_read.stuck:
+            return None
+        job = partial(_read_samples, sampled, self._utilization)
+        result = await self._activity_read.run(self._pool, job)
+        if result is None:
+            return None
+        before = self._signalled(device for device, _ in result)
+        now, wall_now = self._clock(), self._wall_clock()
+        for device, samples in result:
+            self.activity.add(device, samples, self.owner_of, now=now, wall_now=wall_now)
+        return self._signalled(device for device, _ in result) != before
+
+    def _signalled(self, devices: Iterable[DeviceId]) -> frozenset[str]:
+        return frozenset(d.uuid for d in devices if self.activity.until(d.uuid) is not None)
 
     def apply(
         self,
@@ -134,12 +215,27 @@ class ProcessOwners:
         return [h for h in self.observed if (h.device.uuid, h.pod_key) not in held]
 
 
-def scan_jobs(
+def _scan_jobs(
     scan_job: Callable[[], ScanResult], proc_path: Path
-) -> tuple[ScanResult, dict[int, str]]:
+) -> tuple[ScanResult, dict[int, str] | None]:
     """A process scan, and the job each of its processes runs in (worker thread)."""
     result = scan_job()
     return result, read_process_jobs(proc_path, {p.pid for p in result.processes})
+
+
+def _read_samples(
+    devices: Sequence[Device], reader: UtilizationRead
+) -> list[tuple[DeviceId, list[ProcessSample]]]:
+    """New samples per device that has the signal (worker thread); a failing device is skipped."""
+    found: list[tuple[DeviceId, list[ProcessSample]]] = []
+    for device in devices:
+        try:
+            samples = reader(device)
+        except Exception:  # DeviceLost included: the sampler handles the GPU itself
+            continue
+        if samples is not None:
+            found.append((device.id, samples))
+    return found
 
 
 class _ContainerIndex:

@@ -33,9 +33,8 @@ import asyncio
 import time
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from ..devices import Device, DeviceId
 from ..exposition import Family, Sample
@@ -43,7 +42,7 @@ from ..families import SOURCE_UP
 from ..ledger import ActivityLedger
 from ..logs import RateLimitedLog, get_logger
 from ..migprofiles import MigProfileBook
-from ..nvml import CallTimedOut, ErrorCounter, PoolExhausted, WorkerPool
+from ..nvml import ErrorCounter, WorkerPool
 from ..ticks import ticks
 from .accounting import IdleAccountant
 from .cdi import CdiReader
@@ -52,12 +51,12 @@ from .holder_sources import HolderSource, PodResourcesSource, SlurmSource, Sourc
 from .jobgpus import JobSource
 from .metrics import FAMILIES, SOURCE_TRANSITIONS
 from .model import Allocations, PodKey
-from .placement import PlacementRead, PlacementReader, PlacementSnapshot
+from .placement import PlacementRead, PlacementReader, PlacementSnapshot, Placer
 from .podresources import PodResourcesClient
 from .pool_jobs import PoolJob
-from .process_activity import ContainerActivity, ProcessSample, ProcessUtilizationReader
-from .process_owners import ProcessOwners, scan_jobs
-from .processes import ComputeModeReader, NvmlProcessLister, ProcessLister, ScanResult, scan
+from .process_activity import ProcessSample, ProcessUtilizationReader
+from .process_owners import ProcessOwners
+from .processes import ComputeModeReader, NvmlProcessLister, ProcessLister
 from .published import AllocationSnapshot
 from .rightsizing import FAMILIES as RIGHTSIZING_FAMILIES
 from .rightsizing import RightSizer
@@ -70,9 +69,8 @@ from .samples import (
     sharing_samples,
     unattributed_samples,
 )
-from .unseen import UNATTRIBUTED, ClassifiedProcess, unattributed_owner
+from .unseen import ClassifiedProcess
 
-T = TypeVar("T")
 _log = get_logger("allocation")
 
 
@@ -139,7 +137,6 @@ class AllocationSubsystem:
         self._wall_clock = wall_clock
         self._rlog = RateLimitedLog(_log, period=60.0, clock=clock)
         self._source: HolderSource
-        self._job_node = jobs is not None
         if jobs is None:
             client = PodResourcesClient(
                 settings.socket_path,
@@ -150,30 +147,38 @@ class AllocationSubsystem:
             cdi = CdiReader(settings.cdi_spec_dirs, settings.mig_minors_path)
             self._source = PodResourcesSource(client, cdi, self._rlog, self_pod=settings.self_pod)
         else:
-            self._source = SlurmSource(jobs, executor, settings.call_timeout)
+            self._source = SlurmSource(jobs, executor, settings.call_timeout, self._rlog)
         self._up = False
         self._transitions = 0
         # Worker-pool work, each bounded; a hung one (an NVML call) holds back its next run.
         timeout = max(settings.call_timeout, 5.0)
-        self._scan = PoolJob("scan", timeout)
-        self._activity_read = PoolJob("activity", timeout)
-        self._topology_read = PoolJob("placement", timeout)
-        self._lister = process_lister or NvmlProcessLister(errors)
-        self._compute_mode = ComputeModeReader(errors)
-        self._utilization = utilization_reader or ProcessUtilizationReader(errors)
-        self._placement_reader = placement_reader or PlacementReader(settings.sysfs_path, errors)
-        self._owners = ProcessOwners(wall_clock)
-        self._activity = ContainerActivity(kept=[unattributed_owner(c) for c in UNATTRIBUTED])
+        self._owners = ProcessOwners(
+            executor,
+            proc_path=settings.proc_path,
+            pod_logs_path=settings.pod_logs_path,
+            scan=PoolJob("scan", timeout, self._rlog),
+            activity=PoolJob("activity", timeout, self._rlog),
+            lister=process_lister or NvmlProcessLister(errors),
+            compute_mode=ComputeModeReader(errors),
+            utilization=utilization_reader or ProcessUtilizationReader(errors),
+            clock=clock,
+            wall_clock=wall_clock,
+            job_node=jobs is not None,
+        )
+        self._placer = Placer(
+            placement_reader or PlacementReader(settings.sysfs_path, errors),
+            PoolJob("placement", timeout, self._rlog),
+            self._rlog,
+        )
         # A finished job's counters leave within one poll (issue 38); a pod's stay for a scrape.
         retention = {} if jobs is None else {"retention": settings.poll_interval}
         self._accountant = IdleAccountant(
-            ledger, settings.idle_threshold, pods=self._activity, **retention
+            ledger, settings.idle_threshold, pods=self._owners.activity, **retention
         )
         # Peak memory and the smallest fitting MIG profile per allocation (the MIG profile book).
         self._rightsizer = RightSizer(ledger, mig_profiles or MigProfileBook())
         # A tenure starts when a poll first sees it (accounted at once): one poll late at most.
         self._history = HolderHistory(slack=settings.poll_interval)
-        self._placed_from: object = None  # what the published placement was made from
         self._device_ids: tuple[DeviceId, ...] = ()  # the devices at the last accounting round
         self._holdings_for: Allocations | None = None  # what self._holdings shows, if current
         # The published series in parts, each rebuilt by the steps that change it.
@@ -278,85 +283,49 @@ class AllocationSubsystem:
         self._polled.set()
 
     async def place(self) -> None:
-        """Read the topology and place the holders when the allocations, the devices or the
-        CPU assignments changed since the last placement (worker thread, bounded)."""
+        """Place the holders again when the allocations, the devices or the CPU assignments
+        changed since the last placement (topology read on a worker thread, bounded)."""
         cpus = self._source.cpus
-        if cpus is None or not self._up or self._topology_read.stuck:
+        if cpus is None or not self._up:
             return
         devices = list(self._devices())
-        allocations = self.published.allocations
-        # What a placement depends on: not the devices' other identity (their activity source
-        # changes when DCGM connects, say), which would read the topology again for nothing.
-        held = frozenset((h.device.uuid, *h.pod_key, h.container) for h in allocations.holdings)
-        key = (held, cpus, tuple((d.uuid, d.id.mig_mode) for d in devices))
-        if key == self._placed_from:
-            return
-        job = partial(self._placement_reader, devices, allocations, cpus)
-        try:
-            placement = await self._run(self._topology_read, job)
-        except Exception as exc:  # a GPU lost mid-read included: tried again at the next poll
-            self._warn("placement-failed", "topology read failed", error=repr(exc))
-            return
+        placement = await self._placer.place(
+            self._executor, devices, self.published.allocations, cpus
+        )
         if placement is not None:
-            self._placed_from = key
             self._rebuild_holdings(self.published.allocations, placement)
             self._publish(placement=placement)
 
     async def scan_processes(self) -> None:
         """Map GPU processes to containers (on a worker thread); skipped while one is stuck."""
-        if self._scan.stuck:
-            return  # an NVML call hung in the previous scan; do not pile up threads
-        devices = [d for d in self._devices() if d.id.is_mig or d.id.mig_mode != "enabled"]
-        settings, owners = self._settings, self._owners
-        job = partial(
-            scan,
-            devices,
-            self._lister,
-            settings.proc_path,
-            settings.pod_logs_path,
-            set(owners.pod_names),
-            self._compute_mode,
-            owners.held_pod_uids(self.published.allocations),
-        )
-        if self._job_node:  # processes belong to jobs, not pods
-            found = await self._run(self._scan, partial(scan_jobs, job, settings.proc_path))
-            if found is not None:
-                self._apply_scan(*found)
+        scanned = await self._owners.scan(self._devices(), self.published.allocations)
+        if scanned is None:
             return
-        result = await self._run(self._scan, job)
-        if result is not None:
-            self._apply_scan(result)
+        result, jobs = scanned
+        if result.failed:
+            self._warn("scan-failed", "process listing failed", uuids=result.failed)
+        owners = self._owners
+        owners.apply(result, self.published.allocations, self._source.listed_pods, jobs)
+        self._rightsizer.observe_memory(owners.memory)
+        holders = self.published.holders
+        if owners.by_pid != holders.by_pid:
+            holders = self._history.snapshot(owners.by_pid)
+        self._rebuild_holdings(self.published.allocations)
+        self._rebuild_accounting()  # the peaks right-sizing fits
+        self._rebuild_processes()
+        self._publish(holders=holders, processes=owners.classified)
 
     async def sample_activity(self) -> None:
         """Read new per-process utilisation samples (worker thread) and sum them per container."""
-        if self._activity_read.stuck:
+        first_own = await self._owners.read_activity(self._devices())
+        if first_own is None:
             return
-        devices = [d for d in self._devices() if not d.id.is_mig and d.id.mig_mode != "enabled"]
-        job = partial(_read_samples, devices, self._utilization)
-        result = await self._run(self._activity_read, job)
-        if result is None:
-            return
-        signalled = self._own_signals(device for device, _ in result)
-        now, wall_now = self._clock(), self._wall_clock()
-        for device, samples in result:
-            self._activity.add(device, samples, self._owners.owner_of, now=now, wall_now=wall_now)
-        if self._own_signals(device for device, _ in result) != signalled:
+        if first_own:
             self._rebuild_accounting()  # a shared device's first own samples: its idle series
         self._rebuild_processes()
         self._publish()
 
     # -- internals ---------------------------------------------------------------------------
-
-    async def _run(self, job: PoolJob, fn: Callable[[], T]) -> T | None:
-        """``fn`` on the worker pool as ``job``; None, and a warning, if it timed out or could
-        not start."""
-        try:
-            return await job.call(self._executor, fn)
-        except CallTimedOut:
-            self._warn(f"{job.name}-timeout", f"{job.name} timed out", timeout_s=job.timeout)
-        except PoolExhausted as exc:
-            self._warn(f"{job.name}-submit", f"{job.name} not started", error=str(exc))
-        return None
 
     async def _every(self, interval: float, step: Callable[[], Coroutine[Any, Any, None]]) -> None:
         async for _ in ticks(interval):
@@ -382,25 +351,6 @@ class AllocationSubsystem:
         self._accounting = AccountingSeries()
         self._holdings_for = None
         self._publish()
-
-    def _apply_scan(self, result: ScanResult, jobs: dict[int, str] | None = None) -> None:
-        """``jobs``: on a Slurm node, PID -> job id (:mod:`.jobprocs`)."""
-        if result.failed:
-            self._warn("scan-failed", "process listing failed", uuids=result.failed)
-        owners = self._owners
-        owners.apply(result, self.published.allocations, self._source.listed_pods, jobs)
-        self._rightsizer.observe_memory(owners.memory)
-        holders = self.published.holders
-        if owners.by_pid != holders.by_pid:
-            holders = self._history.snapshot(owners.by_pid)
-        self._rebuild_holdings(self.published.allocations)
-        self._rebuild_accounting()  # the peaks right-sizing fits
-        self._rebuild_processes()
-        self._publish(holders=holders, processes=owners.classified)
-
-    def _own_signals(self, devices: Iterable[DeviceId]) -> frozenset[str]:
-        """The devices whose holders are classified by their own processes' activity."""
-        return frozenset(d.uuid for d in devices if self._activity.until(d.uuid) is not None)
 
     def _rebuild_holdings(
         self, allocations: Allocations, placement: PlacementSnapshot | None = None
@@ -431,8 +381,8 @@ class AllocationSubsystem:
         sampled = [d.id for d in self._devices() if not d.id.is_mig and d.id.mig_mode != "enabled"]
         self._processes = (
             *memory_samples(owners.memory, labels),
-            *activity_samples(self._activity, labels),
-            *unattributed_samples(sampled, owners.unattributed, self._activity),
+            *activity_samples(owners.activity, labels),
+            *unattributed_samples(sampled, owners.unattributed, owners.activity),
         )
 
     def _publish(
@@ -464,21 +414,6 @@ class AllocationSubsystem:
 
     def _warn(self, key: str, event: str, **fields: Any) -> None:
         self._rlog.warning(key, event, **fields)
-
-
-def _read_samples(
-    devices: Iterable[Device], reader: Callable[[Device], list[ProcessSample] | None]
-) -> list[tuple[DeviceId, list[ProcessSample]]]:
-    """New samples per device that has the signal (worker thread); a failing device is skipped."""
-    found: list[tuple[DeviceId, list[ProcessSample]]] = []
-    for device in devices:
-        try:
-            samples = reader(device)
-        except Exception:  # DeviceLost included: the sampler handles the GPU itself
-            continue
-        if samples is not None:
-            found.append((device.id, samples))
-    return found
 
 
 def _held(allocations: Allocations) -> dict[DeviceId, set[PodKey]]:
