@@ -100,6 +100,58 @@ async def test_a_poll_that_sees_a_new_holder_publishes_it_at_once(
     await sub.stop()
 
 
+async def test_rounds_account_time_and_a_poll_that_changes_nothing_does_not(
+    kubelet: FakeKubelet, pool: WorkerPool
+) -> None:
+    kubelet.hold("ml", "train", "main", "nvidia.com/gpu", UUID_A)
+    clock = FakeClock()
+    sub = AllocationSubsystem(
+        AllocationSettings(socket_path=kubelet.socket_path, process_interval=None),
+        devices=devices,
+        ledger=ActivityLedger(),
+        executor=pool,
+        clock=clock,
+    )
+    await sub.poll()  # the first answer is accounted at once: the tenure starts
+    clock.advance(5)
+    await sub.poll()  # the same answer
+    allocated = named(series(sub.samples()), "gpu_allocated_seconds_total")
+    assert list(allocated.values()) == [0], "a poll that changed nothing accounted time"
+    sub.round_done()
+    allocated = named(series(sub.samples()), "gpu_allocated_seconds_total")
+    assert list(allocated.values()) == [5], "the round did not account the 5 s since the poll"
+    await sub.stop()
+
+
+async def test_each_round_publishes_a_new_snapshot_and_leaves_the_last_as_it_was(
+    kubelet: FakeKubelet, pool: WorkerPool
+) -> None:
+    kubelet.hold("ml", "train", "main", "nvidia.com/gpu", UUID_A)
+    clock = FakeClock()
+    sub = AllocationSubsystem(
+        AllocationSettings(socket_path=kubelet.socket_path, process_interval=None),
+        devices=devices,
+        ledger=ActivityLedger(),
+        executor=pool,
+        clock=clock,
+    )
+    await sub.poll()
+    clock.advance(2)
+    sub.round_done()
+    kept = sub.published
+    clock.advance(3)
+    sub.round_done()
+    kubelet.release("train")
+    await sub.poll()
+    assert sub.published is not kept
+    assert kept.up, "a reader's snapshot changed under it"
+    assert kept.allocations.holdings, "a reader's snapshot lost its holders"
+    allocated = named(series(kept.samples), "gpu_allocated_seconds_total")
+    assert list(allocated.values()) == [2], "a reader's snapshot took later rounds' time"
+    assert not sub.published.allocations.holdings, "the release was not published"
+    await sub.stop()
+
+
 @pytest.fixture
 async def rounds_node(short_dir: Path) -> AsyncIterator[tuple[Sampler, ManualClock]]:
     """The built-in node, its kubelet, and allocation accounting on the sampler's rounds (as
