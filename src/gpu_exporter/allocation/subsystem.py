@@ -363,10 +363,11 @@ class AllocationSubsystem:
         observed = owners.observed_now(allocations) if source.info else ()
         self._holdings = tuple(holding_samples(allocations, observed, info=source.info))
         gpus = [d.id for d in self._devices() if not d.id.is_mig]
+        placed = self.published.placement if placement is None else placement
         self._shown = (
             *source.holder_samples(),
             *sharing_samples(gpus, allocations, owners.mps, owners.compute_modes),
-            *placement_samples(placement or self.published.placement, allocations),
+            *placement_samples(placed, allocations),
         )
 
     def _rebuild_accounting(self) -> None:
