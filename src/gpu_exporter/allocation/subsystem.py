@@ -77,7 +77,8 @@ _log = get_logger("allocation")
 @dataclass(frozen=True)
 class AllocationSettings:
     """What the allocation subsystem is configured with, built from ``Config`` in
-    ``app._build_allocation`` only (the defaults are a host's usual paths, for tests).
+    ``app._build_allocation`` only. The defaults are what a node run without flags gets (but
+    ``sysfs_path``), for tests; tests/allocation/test_settings.py keeps them so.
 
     ``poll_interval``: how often the holder source is asked. ``process_interval`` None: no
     process scan or activity read (per-container memory off: no host ``/proc`` needed).
@@ -130,7 +131,7 @@ class AllocationSubsystem:
         utilization_reader: Callable[[Device], list[ProcessSample] | None] | None = None,
         placement_reader: PlacementRead | None = None,
     ) -> None:
-        self._settings = settings
+        self.settings = settings
         self._devices = devices
         self._executor = executor
         self._clock = clock
@@ -195,7 +196,7 @@ class AllocationSubsystem:
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def start(self) -> None:
-        poll, processes = self._settings.poll_interval, self._settings.process_interval
+        poll, processes = self.settings.poll_interval, self.settings.process_interval
         self._stopping = False
         self._tasks = [asyncio.create_task(self._every(poll, self.poll))]
         if processes is not None:  # None: per-container memory is off (no host /proc needed)
