@@ -116,7 +116,7 @@ class PodResourcesSource:
         self._self_pod = self_pod
         self._device_ids: tuple[DeviceId, ...] = ()  # the devices at the last poll
         self._unresolved = UnresolvedCounts()
-        # (answer, CDI index, devices) -> what they resolved to, and the result before it
+        # What the last resolution was made from (answer, CDI index, devices), and its result
         self._resolved_from: tuple[object, ...] = ()
         self._resolved = Allocations()
 
