@@ -9,11 +9,13 @@ from pathlib import Path
 from gpu_exporter.allocation.subsystem import AllocationSettings
 from gpu_exporter.app import build_exporter
 from gpu_exporter.config import DEFAULT_POD_RESOURCES_SOCKET
+from gpu_exporter.host import real_host
 from tests.helpers import make_config
 
 
 async def test_a_node_without_flags_gets_the_settings_defaults() -> None:
-    exporter = build_exporter(make_config())
+    config = make_config()
+    exporter = build_exporter(config, real_host(config))
     try:
         assert exporter.allocation is not None
         built = exporter.allocation.settings
@@ -26,7 +28,7 @@ async def test_a_node_without_flags_gets_the_settings_defaults() -> None:
 
 async def test_a_slurm_source_polls_at_its_own_interval_within_its_own_timeout() -> None:
     config = make_config(allocation_source="slurm-job-map", slurm_interval=7.0, slurm_timeout=3.0)
-    exporter = build_exporter(config)
+    exporter = build_exporter(config, real_host(config))
     try:
         assert exporter.allocation is not None
         settings = exporter.allocation.settings
