@@ -270,7 +270,7 @@ async def test_series_stay_bounded_on_the_simulator_while_a_thousand_processes_c
     async def poll_until(done: Callable[[dict[int, str], set[str]], bool], what: str) -> None:
         for _ in range(200):  # polls, a quarter of a second each
             await subsystem.wait_for_poll()
-            subsystem.update()
+            subsystem.round_done()
             current = {k for k in series(subsystem.samples()) if k.startswith(MINE)}
             seen.update(current)
             classes = {p.process.pid: p.process_class for p in subsystem.processes}
