@@ -314,6 +314,7 @@ def _build_xid(
         proc_path=host.proc_path,
         classes_path=config.xid_classes,
         pod_series_retention=config.xid_pod_retention,
+        job_holders=config.allocation_source != "pod-resources",
         nvml_events=config.nvml_events,
         boot_id=host.boot_id,
     )

@@ -129,5 +129,7 @@ async def test_an_application_xid_counts_against_the_job(
             "Xid 13 on GPU 1",
             lambda s: bool(select(s, "gpu_xid_errors_total", gpu="1", xid="13")),
         )
-        # The holder key of a job is ("", job id): Xid series name it in pod (docs/slurm.md).
-        assert one(counted, "gpu_xid_errors_total", gpu="1", xid="13", pod=job) == 1
+        assert one(counted, "gpu_xid_errors_total", gpu="1", xid="13", job_id=job) == 1
+        (labels,) = select(counted, "gpu_xid_errors_total", gpu="1", xid="13")
+        assert ("pod", "") in labels, "a job is named in job_id, the pod labels left empty"
+        assert ("namespace", "") in labels

@@ -15,6 +15,7 @@ from structlog.testing import capture_logs
 from gpu_exporter.xid import XidCore, load_classifier
 from gpu_exporter.xid.core import SOURCE_KMSG, Observation
 from gpu_exporter.xid.journal import LOG_NAME, MAX_OP_BYTES, SNAPSHOT_NAME, Journal
+from gpu_exporter.xid.ops import CountKey
 
 from .conftest import GPU0, KmsgFile, Make, value, wait_until, xid_count
 
@@ -195,13 +196,13 @@ def test_tampered_values_are_left_out_and_counted(tmp_path: Path) -> None:
     ]  # fmt: skip
     (state / LOG_NAME).write_text("".join(json.dumps(op) + "\n" for op in ops))
     core, journal = load(state)
-    assert dict(core.published.counts) == {tuple(LABELS): 4.0}, "a tampered value was served"
+    assert dict(core.published.counts) == {CountKey(*LABELS): 4.0}, "a tampered value was served"
     assert core.published.latches == ()
     assert journal.errors["load"] == 5 + 4
     assert list(state.glob(f"{SNAPSHOT_NAME}.corrupt-*"))
     assert list(state.glob(f"{LOG_NAME}.corrupt-*"))
     again, journal = load(state)  # rewritten clean at once
-    assert dict(again.published.counts) == {tuple(LABELS): 4.0}
+    assert dict(again.published.counts) == {CountKey(*LABELS): 4.0}
     assert journal.errors["load"] == 0
 
 

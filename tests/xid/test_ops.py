@@ -15,7 +15,16 @@ from pathlib import Path
 import pytest
 
 from gpu_exporter.xid.journal import LOG_NAME, Journal
-from gpu_exporter.xid.ops import BadOp, Count, Duplicate, KmsgMark, KmsgPosition, decode, encode
+from gpu_exporter.xid.ops import (
+    BadOp,
+    Count,
+    CountKey,
+    Duplicate,
+    KmsgMark,
+    KmsgPosition,
+    decode,
+    encode,
+)
 
 DATA = Path(__file__).parent / "data" / "journal-before-typed-ops"
 LINES = (DATA / LOG_NAME).read_text().splitlines()
@@ -27,10 +36,10 @@ def test_a_state_dir_written_before_typed_ops_loads_whole(tmp_path: Path) -> Non
     state = journal.load()
     assert journal.ok, "nothing in it reads as corrupt"
     assert state.counts == {
-        ("0", "GPU-0000", "13", "application", "restart_app", "", ""): 1.0,
-        ("1", "GPU-1111", "48", "hardware", "workflow_xid_48", "", ""): 1.0,
-        ("1", "GPU-1111", "31", "application", "restart_app", "", ""): 1.0,
-        ("0", "GPU-0000", "79", "hardware", "reset_gpu", "ml", "trainer"): 1.0,
+        CountKey("0", "GPU-0000", "13", "application", "restart_app", "", ""): 1.0,
+        CountKey("1", "GPU-1111", "48", "hardware", "workflow_xid_48", "", ""): 1.0,
+        CountKey("1", "GPU-1111", "31", "application", "restart_app", "", ""): 1.0,
+        CountKey("0", "GPU-0000", "79", "hardware", "reset_gpu", "ml", "trainer"): 1.0,
     }
     assert state.expired == {("0", "GPU-0000", "application"): 1.0}
     assert state.sxid_counts == {("0", "0000:05:00.0", "12028", "non_fatal"): 1.0}

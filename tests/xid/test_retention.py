@@ -11,6 +11,7 @@ from gpu_exporter.devices import DeviceId
 from gpu_exporter.xid import XidCore, load_classifier
 from gpu_exporter.xid.core import SOURCE_KMSG, Observation
 from gpu_exporter.xid.journal import LOG_NAME, Journal
+from gpu_exporter.xid.ops import CountKey
 from gpu_exporter.xid.state import XidState
 
 from .conftest import FillableDisk, Make, value, wait_until
@@ -138,7 +139,7 @@ def test_a_snapshot_from_before_retention_takes_each_codes_latest_event() -> Non
     del old["count_last"], old["expired"]  # what an exporter before retention wrote
 
     loaded = XidState.from_snapshot(old)
-    assert loaded.expirable(T0 + 1) == [tuple(labels)]
+    assert loaded.expirable(T0 + 1) == [CountKey(*labels)]
     assert loaded.expirable(T0) == []
     assert loaded.class_totals() == {("0", GPU.uuid, "application"): 1.0}
 

@@ -54,7 +54,8 @@ _log = get_logger("xid")
 
 
 class HolderLookup(Protocol):
-    """Who held a device at a time: ``(namespace, pod)`` or None.
+    """Who held a device at a time: ``(namespace, pod)`` or None (on a Slurm node, whose
+    holders are jobs, ``("", job id)``: :class:`XidCore`'s ``job_holders`` labels it ``job_id``).
 
     In production the allocation subsystem's latest holder snapshot, an immutable value the
     reader threads read directly (no thread waits on the event loop); it must be cheap (no I/O).
@@ -131,12 +132,16 @@ class XidCore:
         journal: Journal,
         *,
         holders: Callable[[], HolderLookup] | None = None,
+        job_holders: bool = False,
         window: float = 5.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        """``job_holders``: the holders are Slurm jobs, whose series say ``job_id`` with the
+        Kubernetes labels empty (one label per kind of holder, as the allocation series)."""
         self._classifier = classifier
         self._journal = journal
         self._holders = holders
+        self._job_holders = job_holders
         self._window = window
         self._clock = clock
         self._lock = threading.Lock()
@@ -287,6 +292,8 @@ class XidCore:
         device = obs.device
         gpu = str(device.index) if device is not None else ""
         uuid = device.uuid if device is not None else ""
+        if self._job_holders:  # a job holder is ("", job id)
+            return CountKey(gpu, uuid, str(obs.xid), xid_class, action, "", "", pod)
         return CountKey(gpu, uuid, str(obs.xid), xid_class, action, namespace, pod)
 
     def _lookup_holder(self, obs: Observation) -> tuple[str, str]:
@@ -343,8 +350,9 @@ class XidCore:
         )
 
     def expire_pod_series(self, retention: float) -> None:
-        """Withdraw the series of pods whose latest Xid is older than ``retention`` seconds, so
-        that pod churn does not grow the exposition (and the journal) for ever. Their counts stay
+        """Withdraw the series of pods (and Slurm jobs) whose latest Xid is older than
+        ``retention`` seconds, so that pod or job churn does not grow the exposition (and the
+        journal) for ever. Their counts stay
         in ``gpu_xid_class_errors_total``; a later Xid of the same pod starts a new series.
         NVSwitch SXid series (no pod) go the same way after their latest SXid."""
         with self._lock:
@@ -508,6 +516,8 @@ def _log_xid(obs: Observation, labels: CountKey) -> None:
         "event_time": obs.when,
         "raw": obs.raw,
     }
+    if labels.job_id:
+        fields["job_id"] = labels.job_id
     if obs.device is not None and obs.device.is_mig:
         fields["gpu_instance_id"] = obs.device.gpu_instance_id
     if obs.details:

@@ -12,12 +12,14 @@ from .bounds import FOLDED_LABELS
 from .classes import CLASSES
 from .core import IGNORED_REASONS, SOURCE_KMSG, SOURCE_NVML, Published
 from .nvml_events import Inventory
+from .ops import CountKey
 from .state import REASONS
 
 XID_ERRORS = counter(
     "gpu_xid_errors_total",
     "Xid errors by device, code, class (hardware|application|driver|informational|unknown), "
-    "NVIDIA's immediate action, and the namespace/pod that held the device (empty if none).",
+    "NVIDIA's immediate action, and the namespace/pod that held the device (empty if none); on "
+    "a Slurm node the job_id that held it, with namespace and pod empty.",
 )
 XID_CLASS_ERRORS = counter(
     "gpu_xid_class_errors_total",
@@ -107,7 +109,7 @@ def render(
 ) -> list[Sample]:
     """Every Xid series from the core's published snapshot (rebuilt only when it changed)."""
     out = [
-        Sample(XID_ERRORS, label_string(zip(COUNT_LABELS, key, strict=True)), value)
+        Sample(XID_ERRORS, _count_labels(key), value)
         for key, value in sorted(published.counts.items())
     ]
     out += _class_samples(published, inventory)
@@ -144,6 +146,15 @@ def render(
         labels = label_string({"label": label})
         out.append(Sample(FOLDED, labels, published.folded.get(label, 0.0)))
     return out
+
+
+def _count_labels(key: CountKey) -> str:
+    """A series' labels; ``job_id`` only where a job held the device (Kubernetes nodes' series
+    keep their labels)."""
+    labels = dict(zip(COUNT_LABELS, key[:7], strict=True))
+    if key.job_id:
+        labels["job_id"] = key.job_id
+    return label_string(labels)
 
 
 def _class_samples(published: Published, inventory: Inventory) -> list[Sample]:

@@ -21,7 +21,11 @@ SxidKey = tuple[str, str, str, str]
 
 
 class CountKey(NamedTuple):
-    """The label values of one ``gpu_xid_errors_total`` series, in the family's label order."""
+    """The label values of one ``gpu_xid_errors_total`` series, in the family's label order.
+
+    The holder is a pod (``namespace``, ``pod``) or, on a Slurm node, a job (``job_id``, the
+    pod labels empty); the journal writes ``job_id`` under a key of its own (``"j"``, see
+    :func:`encode`) so the seven labels an older exporter reads keep their shape."""
 
     gpu: str
     uuid: str
@@ -30,6 +34,7 @@ class CountKey(NamedTuple):
     action: str
     namespace: str
     pod: str
+    job_id: str = ""
 
 
 class BadOp(ValueError):
@@ -153,14 +158,14 @@ def _encode(op: Op) -> dict[str, Any]:
             recent = [op.event_id, op.dedup_key, list(op.channels)]
             if op.xid is not None:
                 recent.append(op.xid)  # last: an older exporter ignores it
-            record = {"op": "count", "l": list(op.labels), "w": op.when, "r": recent}
+            record = {"op": "count", **_labels(op.labels), "w": op.when, "r": recent}
             return _with_origin(record, op.origin)
         case Duplicate():
             return _with_origin({"op": "dup", "r": op.target, "c": op.channel}, op.origin)
         case SxidCount():
             return _with_origin({"op": "sxid", "l": list(op.labels), "w": op.when}, op.origin)
         case Expire():
-            return {"op": "expire", "l": list(op.labels)}
+            return {"op": "expire", **_labels(op.labels)}
         case SxidExpire():
             return {"op": "sxid_expire", "l": list(op.labels)}
         case SetLatch():
@@ -170,6 +175,15 @@ def _encode(op: Op) -> dict[str, Any]:
             return {"op": "latch", "u": op.uuid, "why": op.reason, "on": False}
         case Boot():
             return {"op": "boot", "b": op.boot_id}
+
+
+def _labels(labels: CountKey) -> dict[str, Any]:
+    """``"l"``: the seven labels every version reads; ``"j"``: a job holder's id, which an older
+    exporter ignores (it counts the Xid unattributed rather than stopping its replay)."""
+    record: dict[str, Any] = {"l": list(labels[:7])}
+    if labels.job_id:
+        record["j"] = labels.job_id
+    return record
 
 
 def _with_origin(record: dict[str, Any], origin: Origin) -> dict[str, Any]:
@@ -199,7 +213,7 @@ def decode(record: Mapping[str, Any]) -> tuple[int | None, Op]:
 def _count(r: Mapping[str, Any]) -> Count:
     recent = r["r"]
     return Count(
-        labels=count_key(r["l"]),
+        labels=count_key(r["l"], r.get("j")),
         when=float(r["w"]),
         event_id=int(recent[0]),
         dedup_key=str(recent[1]),
@@ -242,11 +256,11 @@ def mark(raw: Sequence[Any] | None) -> KmsgMark | None:
     return KmsgMark(None if usec is None else int(usec), str(digest), int(occurrence))
 
 
-def count_key(values: Sequence[Any]) -> CountKey:
-    items = [str(v) for v in values]
-    if len(items) != 7:
-        raise ValueError(f"expected 7 labels, got {len(items)}")
-    return CountKey(*items)
+def count_key(values: Sequence[Any], job_id: Any = None) -> CountKey:
+    """The seven labels as the journal holds them, and a job holder's id (None: none)."""
+    gpu, uuid, xid, xid_class, action, namespace, pod = (str(v) for v in values)
+    job = "" if job_id is None else str(job_id)
+    return CountKey(gpu, uuid, xid, xid_class, action, namespace, pod, job)
 
 
 def sxid_key(values: Sequence[Any]) -> SxidKey:
@@ -262,7 +276,7 @@ _DECODERS: dict[str, Any] = {
     "count": _count,
     "dup": lambda r: Duplicate(int(r["r"]), str(r["c"]), _origin(r)),
     "sxid": lambda r: SxidCount(sxid_key(r["l"]), float(r["w"]), _origin(r)),
-    "expire": lambda r: Expire(count_key(r["l"])),
+    "expire": lambda r: Expire(count_key(r["l"], r.get("j"))),
     "sxid_expire": lambda r: SxidExpire(sxid_key(r["l"])),
     "latch": _latch,
     "boot": lambda r: Boot(str(r["b"])),

@@ -151,11 +151,11 @@ class XidState:
         return start
 
     def expirable(self, before: float) -> list[CountKey]:
-        """The pod-attributed counts whose latest event is older than ``before``."""
+        """The pod- or job-attributed counts whose latest event is older than ``before``."""
         return [
             key
             for key, when in self.count_last.items()
-            if (key.namespace or key.pod) and when < before and key in self.counts
+            if (key.namespace or key.pod or key.job_id) and when < before and key in self.counts
         ]
 
     def sxid_expirable(self, before: float) -> list[SxidKey]:
@@ -311,8 +311,12 @@ class XidState:
             "kmsg_file_hash": self.kmsg_file_hash,
             "kmsg_mark": self.kmsg_mark,
             "next_id": self.next_id,
-            "counts": [[*key, value] for key, value in self.counts.items()],
-            "count_last": [[*key, value] for key, value in self.count_last.items()],
+            "counts": _rows(self.counts, jobs=False),
+            "count_last": _rows(self.count_last, jobs=False),
+            # A job holder's series in tables of their own (rows of eight labels): an older
+            # exporter, whose count rows have seven, skips these tables rather than the file.
+            "job_counts": _rows(self.counts, jobs=True),
+            "job_count_last": _rows(self.count_last, jobs=True),
             "expired": [[*key, value] for key, value in self.expired.items()],
             "sxid_counts": [[*key, value] for key, value in self.sxid_counts.items()],
             "sxid_last": [[*key, value] for key, value in self.sxid_last.items()],
@@ -351,12 +355,16 @@ class XidState:
         state.kmsg_file_hash = None if file_hash is None else str(file_hash)
         for row in data["counts"]:
             state.counts[count_key(row[:7])] = float(row[7])
+        for row in data.get("job_counts", ()):  # absent before job holders
+            state.counts[count_key(row[:7], row[7])] = float(row[8])
         for row in data["last_seen"]:
             state.last_seen[(str(row[0]), str(row[1]), str(row[2]), str(row[3]))] = float(row[4])
         # Absent from snapshots written before pod series expired: a count's latest event is
         # then taken as its code's latest on that GPU (never earlier than the truth).
         for row in data.get("count_last", ()):
             state.count_last[count_key(row[:7])] = float(row[7])
+        for row in data.get("job_count_last", ()):
+            state.count_last[count_key(row[:7], row[7])] = float(row[8])
         for key in state.counts:
             state.count_last.setdefault(key, state.last_seen.get(key[:4], 0.0))
         for gpu, uuid, xid_class, value in data.get("expired", ()):
@@ -375,3 +383,11 @@ class XidState:
         for uuid, reasons in self.latches.items():
             for reason, latch in reasons.items():
                 yield uuid, reason, latch
+
+
+def _rows(table: Mapping[CountKey, float], *, jobs: bool) -> list[list[Any]]:
+    """A count table's rows as the snapshot holds them: the seven labels (and, for a job
+    holder's series, its id), then the value."""
+    if jobs:
+        return [[*key, value] for key, value in table.items() if key.job_id]
+    return [[*key[:7], value] for key, value in table.items() if not key.job_id]

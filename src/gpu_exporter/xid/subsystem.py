@@ -47,7 +47,8 @@ class XidSettings:
     ``kmsg_path`` None: no kernel-log source. ``/dev/kmsg`` falls back to ``syslog(2)`` when
     the device cannot be opened; ``syslog:`` reads through ``syslog(2)`` only. ``state_dir``
     None: no journal. ``boot_id`` None: read from ``proc_path``. ``pod_series_retention`` None:
-    pod series are never withdrawn."""
+    pod series are never withdrawn. ``job_holders``: the holders are Slurm jobs (their series
+    say ``job_id``; they expire as pods' do)."""
 
     kmsg_path: Path | None = DEVICE_PATH
     state_dir: Path | None = None
@@ -56,6 +57,7 @@ class XidSettings:
     nvml_events: bool = True
     boot_id: str | None = None
     pod_series_retention: float | None = None
+    job_holders: bool = False
     dedup_window: float = 5.0
     poll_interval: float = 0.05
     nvml_wait_ms: int = 250
@@ -108,6 +110,7 @@ class XidSubsystem:
             self.classifier,
             Journal(settings.state_dir, write=journal_write),
             holders=holders,
+            job_holders=settings.job_holders,
             window=settings.dedup_window,
             clock=clock,
         )

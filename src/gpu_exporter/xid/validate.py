@@ -151,10 +151,16 @@ _mark = _row(_optional(_whole), _S, _whole)
 _POSITION = _row(_S, _optional(_whole), _optional(_time), _optional(_S), _optional(_whole))
 _KMSG = {"k": (_POSITION, False), "m": (_mark, False), "fh": (_text, False)}
 _OPS: dict[str, dict[str, tuple[Check, bool]]] = {
-    "count": {"l": (_LABELS, True), "w": (_time, True), "r": (_recent, True), **_KMSG},
+    "count": {
+        "l": (_LABELS, True),
+        "j": (_text, False),
+        "w": (_time, True),
+        "r": (_recent, True),
+        **_KMSG,
+    },
     "dup": {"r": (_whole, True), "c": (_text, True), **_KMSG},
     "sxid": {"l": (_SXID, True), "w": (_time, True), **_KMSG},
-    "expire": {"l": (_LABELS, True)},
+    "expire": {"l": (_LABELS, True), "j": (_text, False)},
     "sxid_expire": {"l": (_SXID, True)},
     "latch": {
         "u": (_text, True),
@@ -177,6 +183,8 @@ _HEADER: dict[str, Check] = {
 _ROWS: dict[str, Check] = {
     "counts": _row(_S, _S, _S, _class, _S, _S, _S, _count),
     "count_last": _row(_S, _S, _S, _class, _S, _S, _S, _time),
+    "job_counts": _row(_S, _S, _S, _class, _S, _S, _S, _S, _count),  # ..., pod, job_id, value
+    "job_count_last": _row(_S, _S, _S, _class, _S, _S, _S, _S, _time),
     "last_seen": _row(_S, _S, _S, _class, _time),
     "expired": _row(_S, _S, _class, _count),
     "sxid_counts": _row(_S, _S, _S, _S, _count),

@@ -376,6 +376,8 @@ def _xids(series: Series) -> tuple[XidRow, ...]:
         actions.setdefault(key, labels.get("action", ""))
         if labels.get("pod"):
             pods[key].add(f"{labels.get('namespace', '')}/{labels['pod']}")
+        elif labels.get("job_id"):  # a Slurm node's holder
+            pods[key].add(f"job {labels['job_id']}")
     rows = []
     for labels, timestamp in series.of("gpu_xid_last_timestamp_seconds"):
         key = _xid_key(labels)
