@@ -36,6 +36,34 @@ class ClusterError(Exception):
     pass
 
 
+@dataclass(frozen=True)
+class GresLayout:
+    """What the node's GPUs are to Slurm: slurm.conf's ``GresTypes`` and the node's ``Gres=``,
+    and gres.conf's lines (``{dev}``: the directory of the device nodes)."""
+
+    types: str
+    node: str
+    conf: str
+
+
+WHOLE_GPUS = GresLayout("gpu", f"gpu:{GPUS}", f"Name=gpu File={{dev}}/nvidia[0-{GPUS - 1}]\n")
+# GPU 6 in MIG mode as two 3g.40gb instances (gres.conf's MultipleFiles: the GPU's device and
+# its instance's nvidia-caps devices, as the gres.conf(5) of 22.05 describes; Debian's build
+# has no AutoDetect=nvml), GPU 7 shared as 4 shards (a shard's File must be a gpu's too). The
+# lines follow the devices; Slurm still numbers h100 first (IDX 0-6, GPU 7 is IDX 6), then the
+# instances (IDX 7-8).
+MIG_AND_SHARDS = GresLayout(
+    "gpu,shard",
+    "gpu:h100:7,gpu:3g.40gb:2,shard:4",
+    "Name=gpu Type=h100 File={dev}/nvidia[0-5]\n"
+    "Name=gpu Type=3g.40gb MultipleFiles={dev}/nvidia6,{dev}/nvidia-caps/nvidia-cap[1-2]\n"
+    "Name=gpu Type=3g.40gb MultipleFiles={dev}/nvidia6,{dev}/nvidia-caps/nvidia-cap[3-4]\n"
+    "Name=gpu Type=h100 File={dev}/nvidia7\n"
+    "Name=shard Count=4 File={dev}/nvidia7\n",
+)
+CAPS_MAJOR = 240  # nvidia-caps' dynamic major on a typical node; nothing opens them
+
+
 @dataclass
 class SlurmCluster:
     root: Path
@@ -133,7 +161,7 @@ def _memory_mb() -> int:
     return 1024
 
 
-def slurm_conf(root: Path, ctld_port: int, slurmd_port: int) -> str:
+def slurm_conf(root: Path, ctld_port: int, slurmd_port: int, gres: GresLayout = WHOLE_GPUS) -> str:
     cpus = os.cpu_count() or 1
     # Below the machine's memory: slurmd drains a node that has less than it is said to have.
     memory = max(256, _memory_mb() // 2)
@@ -164,7 +192,7 @@ SchedulerType=sched/backfill
 SchedulerParameters=bf_interval=1
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
-GresTypes=gpu
+GresTypes={gres.types}
 MpiDefault=none
 ReturnToService=2
 MinJobAge=300
@@ -172,7 +200,7 @@ PlugStackConfig=/dev/null
 Prolog={root}/prolog.sh
 Epilog={root}/epilog.sh
 NodeName={NODE} NodeAddr=127.0.0.1 NodeHostname={socket.gethostname()} CPUs={cpus} \
-  RealMemory={memory} Gres=gpu:{GPUS} State=UNKNOWN
+  RealMemory={memory} Gres={gres.node} State=UNKNOWN
 PartitionName=batch Nodes={NODE} Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:16
 PartitionName=debug Nodes={NODE} MaxTime=INFINITE State=UP OverSubscribe=FORCE:16
 """
@@ -184,7 +212,7 @@ def _wrapper(script: Path, job_map: Path) -> str:
 
 
 @contextmanager
-def slurm_cluster(scripts: Path) -> Iterator[SlurmCluster]:
+def slurm_cluster(scripts: Path, gres: GresLayout = WHOLE_GPUS) -> Iterator[SlurmCluster]:
     """Start the cluster; stop everything it started, whatever happens."""
     missing = [b for b in BINARIES if shutil.which(b) is None]
     if missing:
@@ -198,9 +226,13 @@ def slurm_cluster(scripts: Path) -> Iterator[SlurmCluster]:
         os.mknod(
             root / "dev" / f"nvidia{index}", 0o600 | stat.S_IFCHR, os.makedev(DEVICE_MAJOR, index)
         )
-    (root / "gres.conf").write_text(f"Name=gpu File={root}/dev/nvidia[0-{GPUS - 1}]\n")
+    (root / "dev" / "nvidia-caps").mkdir()
+    for index in range(1, 5):
+        cap = root / "dev" / "nvidia-caps" / f"nvidia-cap{index}"
+        os.mknod(cap, 0o600 | stat.S_IFCHR, os.makedev(CAPS_MAJOR, index))
+    (root / "gres.conf").write_text(gres.conf.format(dev=root / "dev"))
     ctld_port, slurmd_port = free_ports(2)
-    (root / "slurm.conf").write_text(slurm_conf(root, ctld_port, slurmd_port))
+    (root / "slurm.conf").write_text(slurm_conf(root, ctld_port, slurmd_port, gres))
     for name in ("prolog", "epilog"):
         wrapper = root / f"{name}.sh"
         wrapper.write_text(_wrapper(scripts / f"{name}-gpu-job-map.sh", root / "job-map"))

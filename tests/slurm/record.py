@@ -1,17 +1,20 @@
 """Record what Slurm prints about jobs holding GPUs, for the parser's tests (tests/slurm/data).
 
-    python -m tests.slurm.record
+    python -m tests.slurm.record [mig]
 
 starts the test cluster (:mod:`.cluster`), submits the jobs below, and writes
 ``scontrol show job -d`` and ``squeue --json`` as they stand once every job is where it should
 be. Review the diff: job ids, times and paths change from run to run, the shapes must not.
+``mig`` records only the cluster of ``cluster.MIG_AND_SHARDS`` (MIG GRES and shards), with
+``scontrol show node -d``.
 """
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
-from .cluster import SlurmCluster, slurm_cluster, wait_until
+from .cluster import MIG_AND_SHARDS, NODE, SlurmCluster, slurm_cluster, wait_until
 
 DATA = Path(__file__).resolve().parent / "data"
 SCRIPTS = Path(__file__).resolve().parents[2] / "deploy" / "slurm"
@@ -62,5 +65,23 @@ def main() -> None:
         print("recorded jobs:", {**jobs, "forged": forged})
 
 
+def record_mig() -> None:
+    with slurm_cluster(SCRIPTS, MIG_AND_SHARDS) as cluster:
+        jobs = {
+            "mig": cluster.submit("-J", "mig", "--gres=gpu:3g.40gb:1", "--account=physics"),
+            "shard_2": cluster.submit("-J", "sh2", "--gres=shard:2", "--account=chem"),
+            "shard_1": cluster.submit("-J", "sh1", "--gres=shard:1", "--account=bio"),
+            "whole": cluster.submit("-J", "whole", "--gres=gpu:h100:1"),
+        }
+        for job in jobs.values():
+            cluster.wait_for_state(job, "RUNNING")
+        text = cluster.run("scontrol", "show", "job", "-d")
+        (DATA / "scontrol-show-job-d-mig-shard.txt").write_text(text)
+        (DATA / "squeue-json-mig-shard.json").write_text(cluster.run("squeue", "--json"))
+        node = cluster.run("scontrol", "show", "node", "-d", NODE)
+        (DATA / "scontrol-show-node-d-mig-shard.txt").write_text(node)
+        print("recorded jobs:", jobs)
+
+
 if __name__ == "__main__":
-    main()
+    record_mig() if sys.argv[1:] == ["mig"] else main()

@@ -24,12 +24,16 @@ GATED = "while [ -e {gate} ]; do sleep 0.1; done"
 
 @asynccontextmanager
 async def exporter_on(
-    tmp_path: Path, slurm: SlurmCluster, source: str, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    slurm: SlurmCluster,
+    source: str,
+    monkeypatch: pytest.MonkeyPatch,
+    node: str = SCENARIO,
 ) -> AsyncIterator[Exporter]:
     for name, value in slurm.env.items():  # scontrol finds the cluster's slurm.conf and munge
         monkeypatch.setenv(name, value)
     scenario = tmp_path / "node.yaml"
-    scenario.write_text(SCENARIO)
+    scenario.write_text(node)
     config = make_config(
         simulator=SimulatorConfig(scenario),
         fast_interval=0.2,

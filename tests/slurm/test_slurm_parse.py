@@ -4,6 +4,7 @@ data/README.md says how it was made), and the cases a real cluster shows that on
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from gpu_exporter.allocation.jobgpus import (
     SlurmJob,
     gres_order,
     job_gpus,
+    mig_profile_of,
     resolve,
 )
 from gpu_exporter.allocation.slurm import (
@@ -22,10 +24,13 @@ from gpu_exporter.allocation.slurm import (
     BAD_GRES,
     BAD_RECORD,
     NODES_MISMATCH,
+    SlurmForm,
+    SlurmReader,
     hostlist_contains,
     parse_gpu_gres,
     parse_index_list,
     parse_jobs_json,
+    parse_node_layout,
     parse_scontrol_text,
 )
 from gpu_exporter.devices import DeviceId
@@ -251,4 +256,106 @@ def _record(state: str, node_lines: str) -> str:
         f"   JobState={state} Reason=None Dependency=(null)\n"
         "   Partition=gpu AllocNode:Sid=login1:1\n"
         "   JOB_GRES=gpu:2\n" + node_lines + "   MinCPUsNode=1\n"
+    )
+
+
+# -- MIG GRES and shards (recorded on cluster.MIG_AND_SHARDS: tests/slurm/data/README.md) -----
+
+MIG_TEXT = (DATA / "scontrol-show-job-d-mig-shard.txt").read_text()
+MIG_JSON = (DATA / "squeue-json-mig-shard.json").read_text()
+MIG_NODE = (DATA / "scontrol-show-node-d-mig-shard.txt").read_text()
+MIG_RECORDED = job_gpus(
+    [
+        SlurmJob("1", (7,), "root", "physics", "batch", gpu_types=("3g.40gb",)),
+        SlurmJob("2", (), "root", "chem", "batch", shards=(6,)),
+        SlurmJob("3", (), "root", "bio", "batch", shards=(6,)),
+        SlurmJob("4", (0,), "root", "", "batch", gpu_types=("h100",)),
+    ],
+    GpuOrder.GRES,
+)
+
+
+@pytest.mark.parametrize("parse", [parse_scontrol_text, parse_jobs_json], ids=["text", "json"])
+def test_a_mig_gres_names_its_type_and_a_shard_the_gpu_it_is_on(parse: object) -> None:
+    text = MIG_TEXT if parse is parse_scontrol_text else MIG_JSON
+    assert parse(text, NODE) == MIG_RECORDED  # type: ignore[operator]
+
+
+def test_the_nodes_layout_numbers_gpu_types_in_the_order_slurm_lists_them() -> None:
+    assert parse_node_layout(MIG_NODE) == (("h100", 7), ("3g.40gb", 2))
+    assert parse_node_layout("   Gres=gpu:a100:4(S:0-1),nic:1\n") == (("a100", 4),)
+    with pytest.raises(SlurmError, match="Gres= lines"):
+        parse_node_layout("   Gres=gpu:1\n   Gres=gpu:8\n")
+
+
+def test_mig_positions_are_the_instances_of_their_profile_and_shards_share_their_gpu() -> None:
+    """The recorded node: GPUs 0-5 and 7 whole (h100, IDX 0-6), GPU 6 as two 3g.40gb instances
+    (IDX 7-8); job 1 holds IDX 7, jobs 2 and 3 shards of IDX 6 (GPU 7)."""
+    whole = [_gpu(i, minor=i) for i in (0, 1, 2, 3, 4, 5, 7)]
+    parent = DeviceId(index=6, uuid="GPU-6", minor=6, mig_mode="enabled")
+    instances = [_mig(parent, gi) for gi in (2, 1)]  # in no particular order
+    found = replace(MIG_RECORDED, layout=parse_node_layout(MIG_NODE))
+    resolved = resolve(found, [*whole, parent, *instances])
+    held = {(h.job.job_id, h.device.uuid) for h in resolved.holdings}
+    assert held == {("1", "MIG-6-1"), ("2", "GPU-7"), ("3", "GPU-7"), ("4", "GPU-0")}
+    assert resolved.shared == {"GPU-7"}, "shards are a shared GPU, as time-slicing"
+    assert {d.uuid for d in resolved.schedulable} == {
+        *(g.uuid for g in whole),
+        "MIG-6-1",
+        "MIG-6-2",
+    }, "Slurm hands out the instances, not their GPU"
+    assert resolved.unresolved == ()
+
+
+def test_without_the_layout_a_mig_position_is_not_taken_for_a_whole_gpu_beyond_the_node() -> None:
+    found = job_gpus([SlurmJob("1", (8,), gpu_types=("3g.40gb",))], GpuOrder.GRES)
+    resolved = resolve(found, [_gpu(i, minor=i) for i in range(8)])
+    assert resolved.unresolved == (("1", 8),)
+
+
+def test_mig_types_are_read_as_profiles() -> None:
+    assert mig_profile_of("3g.40gb") == "3g.40gb"
+    assert mig_profile_of("a100_1g.10gb+me") == "1g.10gb+me"
+    assert mig_profile_of("nvidia_a100_3G.20GB") == "3g.20gb"
+    assert mig_profile_of("h100") is None
+
+
+def test_the_reader_asks_for_the_nodes_layout_only_when_a_job_names_a_type(
+    tmp_path: Path,
+) -> None:
+    asked = tmp_path / "asked"
+    node = (
+        "sh",
+        "-c",
+        f'echo "$1" >> {asked}; cat "$0"',
+        str(DATA / "scontrol-show-node-d-mig-shard.txt"),
+    )
+    mig = SlurmReader(
+        NODE,
+        form=SlurmForm.TEXT,
+        text_command=("cat", str(DATA / "scontrol-show-job-d-mig-shard.txt")),
+        node_command=node,
+    )
+    assert mig.read().layout == (("h100", 7), ("3g.40gb", 2))
+    assert asked.read_text() == f"{NODE}\n", "one node's record, by name"
+    plain = SlurmReader(
+        NODE,
+        form=SlurmForm.TEXT,
+        text_command=("cat", str(DATA / "scontrol-show-job-d.txt")),
+        node_command=node,
+    )
+    assert plain.read().layout == ()
+    assert asked.read_text() == f"{NODE}\n", "untyped GPUs need no layout"
+
+
+def _mig(parent: DeviceId, gpu_instance: int) -> DeviceId:
+    return DeviceId(
+        index=parent.index,
+        uuid=f"MIG-{parent.index}-{gpu_instance}",
+        mig_mode="enabled",
+        parent_uuid=parent.uuid,
+        gpu_instance_id=gpu_instance,
+        compute_instance_id=0,
+        mig_profile="3g.40gb",
+        minor=parent.minor,
     )

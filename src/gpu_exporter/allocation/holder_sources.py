@@ -243,7 +243,7 @@ class SlurmSource:
         return {"jobs": len(self.answer.jobs) if self.answer is not None else 0}
 
     def resolve(self, devices: tuple[DeviceId, ...]) -> Allocations | None:
-        """Slurm's jobs as holdings of whole GPUs (Slurm's MIG GRES is not read)."""
+        """Slurm's jobs as holdings of GPUs, MIG instances and shared GPUs (gres/shard)."""
         found = self.answer
         if found is None:
             return None
@@ -256,8 +256,11 @@ class SlurmSource:
         holdings = [
             Holding(h.device, "", h.job.job_id, "", SLURM_RESOURCE) for h in resolved.holdings
         ]
-        whole = [d for d in devices if not d.is_mig]
-        self._resolved = Allocations(holdings=holdings, schedulable=whole)
+        self._resolved = Allocations(
+            holdings=holdings,
+            schedulable=list(resolved.schedulable),
+            replicated=set(resolved.shared),
+        )
         return self._resolved
 
     def self_samples(self) -> Iterable[Sample]:

@@ -34,10 +34,11 @@ import socket
 import subprocess
 import tempfile
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from enum import Enum
 from itertools import pairwise
-from typing import Any
+from typing import Any, NamedTuple
 
 from .jobgpus import GpuOrder, JobGpus, SlurmError, SlurmJob, job_gpus
 
@@ -51,8 +52,14 @@ BAD_RECORD = "bad_record"  # a record without a job id, or a JSON job that is no
 NODES_MISMATCH = "nodes_mismatch"  # JSON: gres_detail does not line up with the job's nodes
 AMBIGUOUS = "ambiguous"  # text: a free-text value (a job name, a comment) forged record lines
 
-# One GPU entry of a GRES string: gpu[:type]:count(IDX:list), e.g. gpu:a100:2(IDX:0-1).
-_GPU_GRES = re.compile(r"(?:^|,)gpu(?::[^:(),]+)?:(?P<count>\d+)\((?P<idx>[^)]*)\)")
+# One GPU entry of a GRES string: gpu[:type]:count(IDX:list), e.g. gpu:a100:2(IDX:0-1) or a
+# MIG type, gpu:3g.40gb:1(IDX:7); a shard entry, shard[:type]:count(IDX:list), whose count is
+# the shards and whose IDX names the GPUs they are on: shard:2(IDX:6) (verified on 22.05).
+_GPU_GRES = re.compile(r"(?:^|,)gpu(?::(?P<type>[^:(),]+))?:(?P<count>\d+)\((?P<idx>[^)]*)\)")
+_SHARD_GRES = re.compile(r"(?:^|,)shard(?::[^:(),]+)?:(?P<count>\d+)\((?P<idx>[^)]*)\)")
+# A node's gpu GRES (scontrol show node's Gres=): gpu[:type]:count[(S:sockets)].
+_NODE_GPU_GRES = re.compile(r"(?:^|,)gpu(?::(?P<type>[^:(),]+))?:(?P<count>\d+)(?:\([^)]*\))?")
+_NODE_GRES_LINE = re.compile(r"^[ \t]+Gres=(\S*)", re.M)
 _IDX = re.compile(r"IDX:(?P<list>[0-9,\-]*)")
 _RANGE = re.compile(r"(?P<lo>\d+)(?:-(?P<hi>\d+))?")
 
@@ -108,20 +115,19 @@ def _text_job(record: str, node: str, skipped: Counter[str]) -> SlurmJob | None:
     if fields is None or not _one_block(record, allocation):
         skipped[AMBIGUOUS] += 1
         return None
-    gpus: set[int] = set()
-    for line in here:
-        indices = parse_gpu_gres(line["gres"])
-        if indices is None:
-            skipped[BAD_GRES] += 1
-            return None
-        gpus.update(indices)
-    if not gpus:
+    held = _held(line["gres"] for line in here)
+    if held is None:
+        skipped[BAD_GRES] += 1
+        return None
+    if not held.gpus and not held.shards:
         return None  # no GPUs here
     array_id, task = _search(_HEAD["ArrayJobId"], head), _search(_HEAD["ArrayTaskId"], head)
     het_id, offset = _search(_HEAD["HetJobId"], head), _search(_HEAD["HetJobOffset"], head)
     return SlurmJob(
         job_id=job_id,
-        gpus=tuple(sorted(gpus)),
+        gpus=held.gpus,
+        shards=held.shards,
+        gpu_types=held.types,
         user=_name(fields["UserId"]),
         account=_name(fields["Account"]),
         partition=_name(fields["Partition"]),
@@ -199,22 +205,20 @@ def _json_job(entry: dict[str, Any], node: str, skipped: Counter[str]) -> SlurmJ
         if details:
             skipped[NODES_MISMATCH] += 1
         return None
-    gpus: set[int] = set()
-    for name, detail in zip(names, details, strict=True):
-        if name != node:
-            continue
-        indices = parse_gpu_gres(detail) if isinstance(detail, str) else None
-        if indices is None:
-            skipped[BAD_GRES] += 1
-            return None
-        gpus.update(indices)
-    if not gpus:
+    mine = [detail for name, detail in zip(names, details, strict=True) if name == node]
+    held = _held(mine) if all(isinstance(d, str) for d in mine) else None
+    if held is None:
+        skipped[BAD_GRES] += 1
+        return None
+    if not held.gpus and not held.shards:
         return None
     array_id, task = _number(entry.get("array_job_id")), _number(entry.get("array_task_id"))
     het_id, offset = _number(entry.get("het_job_id")), _number(entry.get("het_job_offset"))
     return SlurmJob(
         job_id=str(job_id),
-        gpus=tuple(sorted(gpus)),
+        gpus=held.gpus,
+        shards=held.shards,
+        gpu_types=held.types,
         user=_text(entry.get("user_name")),
         account=_text(entry.get("account")),
         partition=_text(entry.get("partition")),
@@ -258,22 +262,77 @@ def _text(value: object) -> str:
 # -- shared pieces --------------------------------------------------------------------------
 
 
-def parse_gpu_gres(gres: str) -> tuple[int, ...] | None:
-    """The GPU indices of one node's GRES string (``gpu:2(IDX:0-1)``, several types joined by
-    commas, other GRES ignored): () when it holds no GPU, None when a GPU entry has no readable
-    index list or its count disagrees with it."""
+class Held(NamedTuple):
+    """What one job's GRES strings on this node hold."""
+
+    gpus: tuple[int, ...]  # gpu GRES positions, sorted
+    shards: tuple[int, ...]  # the GPUs (gpu GRES positions) its shards are on
+    types: tuple[str, ...]  # the types its gpu entries name, sorted
+
+
+def _held(strings: Iterable[str]) -> Held | None:
+    gpus: set[int] = set()
+    shards: set[int] = set()
+    types: set[str] = set()
+    for gres in strings:
+        read = parse_gres(gres)
+        if read is None:
+            return None
+        gpus.update(read.gpus)
+        shards.update(read.shards)
+        types.update(read.types)
+    return Held(tuple(sorted(gpus)), tuple(sorted(shards)), tuple(sorted(types)))
+
+
+def parse_gres(gres: str) -> Held | None:
+    """One node's GRES string (``gpu:2(IDX:0-1)``, ``gpu:3g.40gb:1(IDX:7)``,
+    ``shard:2(IDX:6)``, several joined by commas, other GRES ignored); None when a GPU or
+    shard entry has no readable index list, or a GPU entry's count disagrees with it."""
     if gres in ("", "(null)"):
-        return ()
-    found: list[int] = []
+        return Held((), (), ())
+    gpus: list[int] = []
+    types: set[str] = set()
     for entry in _GPU_GRES.finditer(gres):
-        idx = _IDX.search(entry["idx"])
-        indices = parse_index_list(idx["list"]) if idx is not None else None
+        indices = _indices(entry["idx"])
         if indices is None or len(indices) != int(entry["count"]):
             return None
-        found.extend(indices)
-    if not found and re.search(r"(?:^|,)gpu[:(]", gres):
+        gpus.extend(indices)
+        if entry["type"]:
+            types.add(entry["type"])
+    shards: list[int] = []
+    for entry in _SHARD_GRES.finditer(gres):
+        indices = _indices(entry["idx"])
+        if not indices:  # a shard count says nothing of how many GPUs: only none is wrong
+            return None
+        shards.extend(indices)
+    if not gpus and re.search(r"(?:^|,)gpu[:(]", gres):
         return None  # a GPU entry this cannot read: say so rather than report no GPUs
-    return tuple(sorted(set(found)))
+    if not shards and re.search(r"(?:^|,)shard[:(]", gres):
+        return None
+    return Held(tuple(sorted(set(gpus))), tuple(sorted(set(shards))), tuple(sorted(types)))
+
+
+def _indices(text: str) -> tuple[int, ...] | None:
+    idx = _IDX.search(text)
+    return parse_index_list(idx["list"]) if idx is not None else None
+
+
+def parse_gpu_gres(gres: str) -> tuple[int, ...] | None:
+    """The GPU indices of one node's GRES string (:func:`parse_gres`'s ``gpus``)."""
+    read = parse_gres(gres)
+    return None if read is None else read.gpus
+
+
+def parse_node_layout(text: str) -> tuple[tuple[str, int], ...]:
+    """``scontrol show node -d <node>`` -> its gpu GRES as (type, count) in Slurm's IDX order
+    (``Gres=gpu:h100:7,gpu:3g.40gb:2(S:0),shard:h100:4`` -> (("h100", 7), ("3g.40gb", 2))).
+    :class:`SlurmError` unless exactly one ``Gres=`` line is there (one node's record)."""
+    lines = _NODE_GRES_LINE.findall(text)
+    if len(lines) != 1:
+        raise SlurmError(f"scontrol show node printed {len(lines)} Gres= lines, not one")
+    return tuple(
+        (entry["type"] or "", int(entry["count"])) for entry in _NODE_GPU_GRES.finditer(lines[0])
+    )
 
 
 def parse_index_list(text: str, limit: int = 4096) -> tuple[int, ...] | None:
@@ -354,6 +413,7 @@ class SlurmForm(Enum):
 
 TEXT_COMMAND = ("scontrol", "show", "job", "-d")
 JSON_COMMAND = ("scontrol", "show", "job", "-d", "--json")
+NODE_COMMAND = ("scontrol", "show", "node", "-d")  # and the node's name
 
 
 class SlurmReader:
@@ -369,6 +429,7 @@ class SlurmReader:
         timeout: float = 10.0,
         text_command: Sequence[str] = TEXT_COMMAND,
         json_command: Sequence[str] = JSON_COMMAND,
+        node_command: Sequence[str] = NODE_COMMAND,
         env: Mapping[str, str] | None = None,
     ) -> None:
         self._node = node
@@ -376,6 +437,7 @@ class SlurmReader:
         self._timeout = timeout
         self._text_command = tuple(text_command)
         self._json_command = tuple(json_command)
+        self._node_command = (*node_command, node)
         self._env = dict(env) if env is not None else None
 
     @property
@@ -384,6 +446,15 @@ class SlurmReader:
         return self._form
 
     def read(self) -> JobGpus:
+        found = self._read_jobs()
+        if not any(job.gpu_types for job in found.jobs):
+            return found
+        # A job names a GRES type (a GPU model, or a MIG profile): which positions are MIG
+        # instances is the node's layout's to say. Asked only then: one node's record.
+        layout = parse_node_layout(self._run(self._node_command))
+        return replace(found, layout=layout)
+
+    def _read_jobs(self) -> JobGpus:
         if self._form is SlurmForm.TEXT:
             return parse_scontrol_text(self._run(self._text_command), self._node)
         try:
