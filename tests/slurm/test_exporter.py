@@ -117,12 +117,13 @@ def job_series(series: Series, job: str) -> list[str]:
     return [name for name, labels in series if ("job_id", job) in labels]
 
 
+@pytest.mark.parametrize("source", ["slurm", "slurm-job-map"])
 async def test_an_application_xid_counts_against_the_job(
-    slurm: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    slurm: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str
 ) -> None:
     job = slurm.submit("--gres=gpu:2", "--account=physics")
     slurm.wait_for_state(job, "RUNNING")
-    async with exporter_on(tmp_path, slurm, "slurm", monkeypatch) as exporter:
+    async with exporter_on(tmp_path, slurm, source, monkeypatch) as exporter:
         series = await until(exporter, "the job holds GPU 1", lambda s: "1" in holders(s))
         bus = dict(next(iter(select(series, "gpu_info", gpu="1"))))["pci_bus_id"]
         line = f"NVRM: Xid (PCI:{bus.lower()[4:]}): 13, pid=4242, name=python, Graphics Exception"
@@ -137,3 +138,46 @@ async def test_an_application_xid_counts_against_the_job(
         (labels,) = select(counted, "gpu_xid_errors_total", gpu="1", xid="13")
         assert ("pod", "") in labels, "a job is named in job_id, the pod labels left empty"
         assert ("namespace", "") in labels
+
+
+async def test_series_per_gpu_stay_bounded_while_100_short_jobs_come_and_go(
+    slurm: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cardinality check on the live cluster: 100 array tasks of one GPU each, a fraction
+    of a second long, run through the node while the exporter polls Slurm every 0.2 s; no
+    scrape shows more series on a GPU than the jobs then holding it explain, and none is left
+    on any GPU once they are done."""
+    async with exporter_on(tmp_path, slurm, "slurm", monkeypatch) as exporter:
+        at_rest = per_gpu(await until(exporter, "the source up", slurm_up))
+        array = slurm.submit("--array=0-99", "--gres=gpu:1", command="sleep 0.2")
+        most: dict[str, int] = {}
+        for _ in range(2000):  # bounded: a scrape after each render until the array is done
+            series = await scrape(exporter)
+            for gpu, count in per_gpu(series).items():
+                most[gpu] = max(most.get(gpu, 0), count - at_rest[gpu])
+            if not slurm.run("squeue", "-h", "-j", array, check=False).strip():
+                break
+            await exporter.sampler.wait_for_news()
+        done = await until(exporter, "every task's series gone", lambda s: not job_ids(s))
+        assert per_gpu(done) == at_rest, "a finished job left a series behind"
+        # A job's info and three accounting series; a finished job's stay for one poll, and a
+        # GPU may see a task end and the next start between two reads: a few jobs at once
+        # (3 measured), never the dozen each GPU runs (about 48 series if they stayed).
+        assert max(most.values()) <= 20, f"series per GPU above rest: {most}"
+
+
+def slurm_up(series: Series) -> bool:
+    return one(series, "gpu_exporter_source_up", source="slurm") == 1
+
+
+def per_gpu(series: Series) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for _name, labels in series:
+        gpu = dict(labels).get("gpu")
+        if gpu is not None:
+            counts[gpu] = counts.get(gpu, 0) + 1
+    return counts
+
+
+def job_ids(series: Series) -> set[str]:
+    return {dict(labels)["job_id"] for _name, labels in series if "job_id" in dict(labels)}
