@@ -167,3 +167,16 @@ def test_a_holder_shows_its_pods_path_its_numa_alignment_and_its_activity_shape(
     assert "path system (best pcie_switch)" in html
     assert "NUMA 0%" in html
     assert "SM low/mid/high 75/0/25%" in html
+
+
+def test_a_slurm_jobs_xid_names_the_job_among_the_holders() -> None:
+    exposition = textwrap.dedent(
+        """\
+        gpu_xid_errors_total{gpu="0",uuid="GPU-0",xid="13",class="application",action="restart_app",namespace="",pod="",job_id="4242"} 1
+        gpu_xid_last_timestamp_seconds{gpu="0",uuid="GPU-0",xid="13",class="application"} 1000
+        """
+    )
+    node = build_status(
+        read_exposition(exposition), version="0.1.0", ready=True, healthy=True, problems=()
+    )
+    assert node.xids[0].pods == ("job 4242",)
