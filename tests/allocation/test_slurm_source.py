@@ -78,6 +78,8 @@ async def test_series_per_gpu_stay_bounded_while_100_short_jobs_come_and_go(
         on_gpu0 = [k for k in values if 'gpu="0"' in k]
         most = max(most, len(on_gpu0))
         assert len(named(values, "gpu_slurm_job_info")) == 1, "a finished job's info stayed"
+        finished = f'job_id="{1000 + n - 1}"'
+        assert not [k for k in values if finished in k], "a finished job outlived one poll"
     await sub.stop()
     # gpu_allocated, the job's info, allocated and idle seconds and the idle streak, plus the
     # previous job's counters for at most one poll.
