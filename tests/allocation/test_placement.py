@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -56,8 +57,8 @@ class PlacementRig:
 
 
 @asynccontextmanager
-async def placement_rig(scenario: str) -> AsyncIterator[PlacementRig]:
-    async with dcgm_rig(scenario) as rig:
+async def placement_rig(scenario: str, *flags: str, **config: Any) -> AsyncIterator[PlacementRig]:
+    async with dcgm_rig(scenario, *flags, **config) as rig:
         kubelet = SimulatedKubelet(rig.sim.node)
         await kubelet.start()
         reader = CountingReader()
@@ -135,7 +136,8 @@ async def test_a_container_without_cpu_ids_has_no_alignment_not_zero() -> None:
 
 
 async def test_starved_and_steady_holders_of_one_mean_land_in_different_bands() -> None:
-    async with placement_rig(PLACEMENT) as placed:
+    # The GPU's own bands (compared with the holder's below) come with the activity detail.
+    async with placement_rig(PLACEMENT, "--collector.activity.detail") as placed:
         for _ in range(4):
             start = await placed.step()
         for _ in range(40):

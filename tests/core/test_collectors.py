@@ -72,7 +72,7 @@ async def test_sm_activity_bands_tell_bursts_from_steady_work_of_the_same_mean()
           - {gpu: 0, pod: starved, sm: {pattern: bursty, value: 0.9, period: 20s, duty: 0.5}}
           - {gpu: 1, pod: steady, sm: 0.45}
     """
-    async with simulated_sampler(scenario) as sim:
+    async with simulated_sampler(scenario, "--collector.activity.detail") as sim:
         await sim.fast_round()
         start = await sim.fast_round()
         for _ in range(40):

@@ -116,7 +116,7 @@ async def test_blackwell_reports_nvlink5_counters_instead_of_the_dl_totals() -> 
 
 
 async def test_pcie_downtraining_shows_in_width_and_generation_drops_only_at_idle() -> None:
-    async with simulated_sampler(BUSY_H100) as sim:
+    async with simulated_sampler(BUSY_H100, "--collector.pcie.errors") as sim:
         series = await sim.slow_round()
         assert one(series, "gpu_pcie_link_generation", gpu="0") == 5, "busy: full speed"
         assert one(series, "gpu_pcie_link_generation", gpu="1") == 1, "idle: power saving"

@@ -50,13 +50,13 @@ async def test_every_gpm_pipe_has_an_exact_integral(
         gpus: [{model: H100-SXM-80GB}]
         workloads: [{gpu: 0, pod: p, sm: 0.8}]
     """
-    async with simulated_sampler(scenario) as sim:
+    async with simulated_sampler(scenario, "--collector.pipes.detail") as sim:
         await sim.fast_round()
         start = await sim.fast_round()
         for _ in range(10):
             end = await sim.fast_round()
     pipes = {dict(k)["pipe"] for k in select(end, "gpu_pipe_active_seconds_total")}
-    assert pipes == {"fp64", "fp32", "fp16", "graphics"}, "the integer pipe only with detail"
+    assert pipes == {"fp64", "fp32", "fp16", "integer", "graphics"}
     assert select(end, "gpu_pipe_active_ratio") == {}, "rate() of the integral is the ratio"
     # The simulator's FP32 pipe is 40% of SM activity: 0.32 while the SMs are 80% busy.
     fp32 = one(end, "gpu_pipe_active_seconds_total", pipe="fp32") - one(
@@ -81,11 +81,16 @@ async def test_media_engines_come_from_gpm_on_hopper_and_from_nvml_elsewhere() -
     assert fast_calls == 0, "engines without GPM are read on the slow cadence only"
 
 
-async def test_the_integer_pipe_and_the_jpeg_and_ofa_engines_come_with_detail() -> None:
+async def test_the_fp_and_integer_pipes_and_the_jpeg_and_ofa_engines_come_with_detail() -> None:
     scenario = """
         gpus: [{model: H100-SXM-80GB}, {model: L40S}]
         workloads: [{gpu: 0, pod: p, sm: 0.8}]
     """
+    async with simulated_sampler(scenario) as sim:
+        await sim.fast_round()
+        defaults = await sim.fast_round()
+    pipes = {dict(k)["pipe"] for k in select(defaults, "gpu_pipe_active_seconds_total")}
+    assert pipes == {"graphics"}, "at defaults the graphics pipe only (dcgm-exporter's GR engine)"
     async with simulated_sampler(scenario, "--collector.pipes.detail") as sim:
         await sim.slow_round()
         await sim.fast_round()

@@ -60,9 +60,14 @@ class DcgmRig:
 
 @asynccontextmanager
 async def dcgm_rig(
-    scenario: str, target: Target | None = None, call_timeout: float = 5.0, **config: Any
+    scenario: str,
+    *flags: str,
+    target: Target | None = None,
+    call_timeout: float = 5.0,
+    **config: Any,
 ) -> AsyncIterator[DcgmRig]:
-    async with simulated_sampler(scenario, **config) as sim:
+    """``flags``: collector options as typed (``--collector.activity.detail``)."""
+    async with simulated_sampler(scenario, *flags, **config) as sim:
         service = DcgmService(
             library=lambda: DcgmLibrary(sim.node.dcgm_library),
             target=target or parse_target("127.0.0.1:5555"),

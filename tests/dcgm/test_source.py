@@ -39,7 +39,8 @@ async def started(rig: DcgmRig) -> Series:
 
 
 async def test_sm_and_tensor_activity_of_gpus_without_gpm_come_from_dcgm() -> None:
-    async with dcgm_rig(A100_L40S, target=Target()) as rig:  # an embedded engine
+    embedded = Target()
+    async with dcgm_rig(A100_L40S, "--collector.activity.detail", target=embedded) as rig:
         start = await started(rig)
         for _ in range(60):
             end = await rig.step()

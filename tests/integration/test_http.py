@@ -25,7 +25,6 @@ SPEC_FAMILIES = {
     "gpu_up",
     "gpu_exporter_build_info",
     "gpu_sm_active_seconds_total",
-    "gpu_sm_occupancy_ratio",
     "gpu_tensor_active_seconds_total",
     "gpu_dram_active_seconds_total",
     "gpu_utilization_seconds_total",

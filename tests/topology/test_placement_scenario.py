@@ -105,7 +105,7 @@ async def test_the_two_gb200_trays_are_two_nvlink_domains_of_one_cluster() -> No
 
 async def test_the_starved_and_the_steady_holder_land_in_different_bands() -> None:
     # L40S has no GPM: SM activity comes from the node's DCGM host engine.
-    async with dcgm_rig(PLACEMENT.read_text()) as rig:
+    async with dcgm_rig(PLACEMENT.read_text(), "--collector.activity.detail") as rig:
         for _ in range(3):
             await rig.step()
         start = await rig.step()

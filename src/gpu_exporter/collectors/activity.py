@@ -21,7 +21,16 @@ from ..devices import Device, activity_source_name
 from ..exposition import Family, counter, gauge, label_string
 from ..ledger import SM_BANDS, ActivityKind, sm_band
 from ..nvml import DeviceCalls
-from .base import Cadence, Collector, CollectorContext, Integral, SampleWriter, Scope, clamp_ratio
+from .base import (
+    Cadence,
+    Collector,
+    CollectorContext,
+    Integral,
+    SampleWriter,
+    Scope,
+    clamp_ratio,
+    option,
+)
 from .engines import (
     EXTRA_GPM_METRICS,
     PIPE_SECONDS,
@@ -48,11 +57,14 @@ SM_ACTIVITY_BAND_SECONDS = counter(
     "gpu_sm_activity_band_seconds_total",
     "Seconds whose SM activity fell in each band (low: below 10%, mid: 10-50%, high: above 50%),"
     " judged per sample interval: rate() is the share of time in each band, the shape a mean"
-    " hides (bursts with idle gaps split between high and low; steady small kernels sit in mid).",
+    " hides (bursts with idle gaps split between high and low; steady small kernels sit in mid);"
+    " with --collector.activity.detail.",
 )
 _BAND_LABELS = tuple(label_string({"band": band}) for band in SM_BANDS)
 SM_OCCUPANCY = gauge(
-    "gpu_sm_occupancy_ratio", "Resident warps relative to the SMs' maximum, averaged (0..1)."
+    "gpu_sm_occupancy_ratio",
+    "Resident warps relative to the SMs' maximum, averaged (0..1); with "
+    "--collector.activity.detail.",
 )
 TENSOR_ACTIVE = gauge(
     "gpu_tensor_active_ratio",
@@ -301,6 +313,15 @@ DCGM_FIELDS = {
 DCGM_MAX_GAP_S = 10.0  # longer: an outage or a profiler holding the counters, not credited
 
 
+@dataclass(frozen=True)
+class ActivityOptions:
+    detail: bool = option(
+        "--collector.activity.detail",
+        False,
+        help="also each GPU's SM activity bands and SM occupancy",
+    )
+
+
 class ActivityCollector(Collector):
     name = "activity"
     help = (
@@ -318,7 +339,7 @@ class ActivityCollector(Collector):
         DRAM_ACTIVE_SECONDS,
         PIPE_SECONDS,
     )
-    options = (EnginesOptions,)
+    options = (EnginesOptions, ActivityOptions)
 
     def __init__(self, device: Device, context: CollectorContext) -> None:
         super().__init__(device, context)
@@ -329,6 +350,9 @@ class ActivityCollector(Collector):
         self._dram = Integral()
         self._pipes = PipeTotals()
         self._last: ActivityReading | None = None
+        # The GPU's bands and its occupancy are read by no alert, rule or dashboard (a holder's
+        # bands are allocation's, from the same readings): served with --collector.activity.detail
+        self._detail = context.options.of(ActivityOptions).detail
 
     @classmethod
     def applies_to(cls, device: Device) -> bool:
@@ -349,11 +373,11 @@ class ActivityCollector(Collector):
             return
         last = self._last
         self._emit(out, SM_ACTIVE, SM_ACTIVE_SECONDS, last.sm_active, self._sm)
-        if last.sm_active is not None:
+        if last.sm_active is not None and self._detail:
             self._bands.emit(out)
         self._emit(out, TENSOR_ACTIVE, TENSOR_ACTIVE_SECONDS, last.tensor_active, self._tensor)
         self._emit(out, None, DRAM_ACTIVE_SECONDS, last.dram_active, self._dram)
-        if last.sm_occupancy is not None:
+        if last.sm_occupancy is not None and self._detail:
             out.add(SM_OCCUPANCY, last.sm_occupancy)
         self._pipes.emit(out)
 

@@ -21,7 +21,7 @@ from ..exposition import counter, gauge, label_string
 from ..logs import get_logger
 from ..nvml import DeviceCalls, FieldValue
 from ..nvml.calls import FieldKey
-from .base import Cadence, Collector, CollectorContext, SampleWriter
+from .base import Cadence, Collector, CollectorContext, SampleWriter, option
 from .counter_fields import counter_fields
 
 ACTIVE = gauge(
@@ -30,7 +30,9 @@ ACTIVE = gauge(
     served=False,  # the status page's; rate() of the _seconds_total twin says it to Prometheus
 )
 SECONDS = counter(
-    "gpu_clocks_event_seconds_total", "Time clocks were held down for this reason, in seconds."
+    "gpu_clocks_event_seconds_total",
+    "Time clocks were held down for this reason, in seconds (the reasons that are not "
+    "throttling with --collector.clock-events.detail).",
 )
 NANOSECONDS = 1e-9
 # A nanosecond counter needs 64 bits (32 wrap in 4.3 s): unsigned long, unsigned long long,
@@ -48,22 +50,26 @@ class Reason:
     name: str
     mask: int
     labels: str
+    # Throttling: clocks held below what the workload asks for. The others are clocks set on
+    # purpose (idle, application clocks, sync boost, display): read by no alert, and their
+    # time is served only with --collector.clock-events.detail (docs/migration.md).
+    throttle: bool
 
 
-def _reason(name: str, mask: int) -> Reason:
-    return Reason(name, mask, label_string({"reason": name}))
+def _reason(name: str, mask: int, *, throttle: bool = True) -> Reason:
+    return Reason(name, mask, label_string({"reason": name}), throttle)
 
 
 REASONS = (
-    _reason("gpu_idle", 0x1),
-    _reason("applications_clocks_setting", 0x2),
+    _reason("gpu_idle", 0x1, throttle=False),
+    _reason("applications_clocks_setting", 0x2, throttle=False),
     _reason("sw_power_cap", 0x4),
     _reason("hw_slowdown", 0x8),  # NVML has no counter for it
-    _reason("sync_boost", 0x10),
+    _reason("sync_boost", 0x10, throttle=False),
     _reason("sw_thermal_slowdown", 0x20),
     _reason("hw_thermal_slowdown", 0x40),
     _reason("hw_power_brake_slowdown", 0x80),
-    _reason("display_clock_setting", 0x100),
+    _reason("display_clock_setting", 0x100, throttle=False),
 )
 
 
@@ -91,11 +97,22 @@ class CounterCheck:
         return None
 
 
+@dataclass(frozen=True)
+class ClockEventsOptions:
+    detail: bool = option(
+        "--collector.clock-events.detail",
+        False,
+        help="also the clock-event reasons that are not throttling (gpu_idle, "
+        "applications_clocks_setting, sync_boost, display_clock_setting)",
+    )
+
+
 class ClockEventsCollector(Collector):
     name = "clock_events"
     help = "Clock event (throttle) reasons: active flags and time spent per reason."
     cadence = Cadence.FAST
     families = (ACTIVE, SECONDS)
+    options = (ClockEventsOptions,)
 
     def __init__(self, device: Device, context: CollectorContext) -> None:
         super().__init__(device, context)
@@ -105,6 +122,7 @@ class ClockEventsCollector(Collector):
         self._seconds: dict[str, float] = {}
         self._last_time: float | None = None
         self._batch = context.field_batch(device, self.cadence)
+        self._detail = context.options.of(ClockEventsOptions).detail
 
     def collect(self, calls: DeviceCalls, out: SampleWriter) -> None:
         handle = self.device.handle
@@ -130,7 +148,9 @@ class ClockEventsCollector(Collector):
             counted = self._read_counter(reason.name, values, now)
             if active and not counted:
                 self._seconds[reason.name] = self._seconds.get(reason.name, 0.0) + elapsed
-            out.add(SECONDS, self._seconds.setdefault(reason.name, 0.0), reason.labels)
+            seconds = self._seconds.setdefault(reason.name, 0.0)
+            if reason.throttle or self._detail:
+                out.add(SECONDS, seconds, reason.labels)
 
     def _driver_fields(self, calls: DeviceCalls) -> dict[str, int]:
         version = calls.get(pynvml.nvmlSystemGetDriverVersion)

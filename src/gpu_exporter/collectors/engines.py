@@ -1,5 +1,5 @@
-"""Every GPM pipe and the media engines: FP64/FP32/FP16/graphics pipes and the encoder and
-decoder engines (the integer pipe and the JPEG and optical-flow engines with
+"""Every GPM pipe and the media engines: the graphics pipe and the encoder and decoder engines
+(the FP64, FP32, FP16 and integer pipes and the JPEG and optical-flow engines with
 ``--collector.pipes.detail``), each a ``_seconds_total`` integral of its ratio (rate()
 is the mean ratio over any window: no instant gauge beside it, docs/migration.md).
 
@@ -35,8 +35,8 @@ from .base import (
 
 PIPE_SECONDS = counter(
     "gpu_pipe_active_seconds_total",
-    "Seconds the SMs' pipe was active (fp64, fp32, fp16, integer, graphics; GPM): rate() is the "
-    "mean fraction of time (0..1).",
+    "Seconds the SMs' pipe was active (graphics; fp64, fp32, fp16, integer with "
+    "--collector.pipes.detail; GPM): rate() is the mean fraction of time (0..1).",
 )
 ENGINE_SECONDS = counter(
     "gpu_engine_utilization_seconds_total",
@@ -54,9 +54,17 @@ PIPES = {
     "graphics": pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL,
 }
 EXTRA_GPM_METRICS = tuple(PIPES.values())
-# Read by no rule, dashboard or compatibility series (dcgm-exporter's defaults have none of them
-# either): asked for and served only with --collector.pipes.detail (docs/migration.md).
-DETAIL_PIPES = frozenset({pynvml.NVML_GPM_METRIC_INTEGER_UTIL})
+# Read by no alert, rule or dashboard of the kit, and not among dcgm-exporter's defaults (its
+# FP64/FP32/FP16 fields are commented out there; the compatibility series of those read them
+# where served): asked for and served only with --collector.pipes.detail (docs/migration.md).
+DETAIL_PIPES = frozenset(
+    {
+        pynvml.NVML_GPM_METRIC_FP64_UTIL,
+        pynvml.NVML_GPM_METRIC_FP32_UTIL,
+        pynvml.NVML_GPM_METRIC_FP16_UTIL,
+        pynvml.NVML_GPM_METRIC_INTEGER_UTIL,
+    }
+)
 DETAIL_ENGINES = frozenset({"jpeg", "ofa"})
 
 
@@ -67,7 +75,8 @@ class EnginesOptions:
     detail: bool = option(
         "--collector.pipes.detail",
         False,
-        help="also the integer pipe (GPM) and the JPEG and optical-flow engines",
+        help="also the FP64, FP32, FP16 and integer pipes (GPM) and the JPEG and optical-flow "
+        "engines",
     )
 
 

@@ -9,6 +9,7 @@ do (``nvmlDeviceGetMaxPcieLinkGeneration``/``Width``), so a Gen5 GPU in a Gen4 s
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import pynvml
@@ -17,7 +18,7 @@ from ..devices import Device
 from ..exposition import Family, counter, gauge, label_string
 from ..nvml import DeviceCalls
 from ..nvml.calls import FieldKey
-from .base import Cadence, Collector, CollectorContext, SampleWriter
+from .base import Cadence, Collector, CollectorContext, SampleWriter, option
 from .counters import fields_of
 from .fields import FieldBatch
 
@@ -67,18 +68,32 @@ _LINK_CALLS: tuple[tuple[Family, Callable[[Any], int]], ...] = (
 )
 
 
+@dataclass(frozen=True)
+class PcieLinkOptions:
+    errors: bool = option(
+        "--collector.pcie.errors",
+        False,
+        help="also the PCIe AER error and link-recovery counters (gpu_pcie_errors_total)",
+    )
+
+
 class PcieLinkCollector(Collector):
     name = "pcie_link"
-    help = "PCIe link generation and width, and the PCIe error counters (slow cadence)."
+    help = (
+        "PCIe link generation and width, and the PCIe error counters with "
+        "--collector.pcie.errors (slow cadence)."
+    )
     cadence = Cadence.SLOW
     families = (*(family for family, _ in _LINK_CALLS), ERRORS)
+    options = (PcieLinkOptions,)
 
     def __init__(self, device: Device, context: CollectorContext) -> None:
         super().__init__(device, context)
-        self._errors = [
-            (f.field_id, label_string({"type": f.type})) for f in fields_of("pcie_errors")
-        ]
-        # Diagnostic counters: the slow round's field read carries them (replays stay fast).
+        # Diagnostic counters, read by no alert (the kit's link alerts read replays, width and
+        # generation): asked for and served only with --collector.pcie.errors, on the slow
+        # round's field read (replays stay fast).
+        wanted = fields_of("pcie_errors") if context.options.of(PcieLinkOptions).errors else ()
+        self._errors = [(f.field_id, label_string({"type": f.type})) for f in wanted]
         self._fields = context.field_batch(device, self.cadence)
         self._fields.want(field_id for field_id, _ in self._errors)
 
