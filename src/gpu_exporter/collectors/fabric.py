@@ -6,7 +6,9 @@ drivers answer only ``nvmlDeviceGetGpuFabricInfo`` (v1: no health). The GPUs of 
 one NVLink domain, the unit a job that needs a whole domain is scheduled on. A GPU without a
 fabric (PCIe cards, A100 without NVSwitch) answers NotSupported or state "not supported", and has
 no fabric series. HGX boards report a zero cluster UUID: their domain is the node (the recording
-rules in alerts/recording_rules.yml group those by instance).
+rules in alerts/recording_rules.yml group those by instance), so such a GPU's info series would
+say only what ``gpu_fabric_healthy`` says; it is served while the fabric is not completed, naming
+the state (docs/migration.md).
 """
 
 from __future__ import annotations
@@ -22,8 +24,10 @@ from .base import Cadence, Collector, SampleWriter
 
 FABRIC_INFO = gauge(
     "gpu_fabric_info",
-    "The GPU's NVLink fabric: cluster UUID, clique (one clique is one NVLink domain), state; 1.",
+    "The GPU's NVLink fabric: cluster UUID, clique (one clique is one NVLink domain), state; 1."
+    " A GPU with a zero cluster UUID (HGX: the node is its domain) has it while not completed.",
 )
+ZERO_CLUSTER = str(uuid.UUID(int=0))
 FABRIC_HEALTHY = gauge(
     "gpu_fabric_healthy",
     "1 when the fabric finished initialising and reports no degradation, else 0.",
@@ -86,12 +90,10 @@ class FabricCollector(Collector):
         state = STATES.get(int(info.state))
         if state is None:  # NVML_GPU_FABRIC_STATE_NOT_SUPPORTED: no fabric on this GPU
             return
-        labels = label_string(
-            {
-                "cluster_uuid": str(uuid.UUID(bytes=bytes(info.clusterUuid))),
-                "clique_id": str(int(info.cliqueId)),
-                "state": state,
-            }
-        )
-        out.add(FABRIC_INFO, 1.0, labels)
+        cluster = str(uuid.UUID(bytes=bytes(info.clusterUuid)))
+        if cluster != ZERO_CLUSTER or state != "completed":
+            labels = label_string(
+                {"cluster_uuid": cluster, "clique_id": str(int(info.cliqueId)), "state": state}
+            )
+            out.add(FABRIC_INFO, 1.0, labels)
         out.add(FABRIC_HEALTHY, 1.0 if fabric_healthy(info, has_health) else 0.0)
