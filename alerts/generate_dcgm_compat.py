@@ -49,7 +49,8 @@ COMPAT: tuple[Compat, ...] = (
     Compat("DCGM_FI_DEV_MEM_CLOCK", "MHz", 'gpu_clock_hertz{clock="memory"} / 1e6'),
     Compat("DCGM_FI_DEV_MEMORY_TEMP", "C", 'gpu_temperature_celsius{sensor="memory"}'),
     Compat("DCGM_FI_DEV_GPU_TEMP", "C", 'gpu_temperature_celsius{sensor="gpu"}'),
-    Compat("DCGM_FI_DEV_POWER_USAGE", "W", "gpu_power_watts"),
+    # the mean over the minute, from the energy counter (the instant gauge is not served)
+    Compat("DCGM_FI_DEV_POWER_USAGE", "W", "rate(gpu_energy_joules_total[1m])"),
     Compat("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "mJ, counter", "gpu_energy_joules_total * 1000"),
     Compat("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "count, counter", "gpu_pcie_replays_total"),
     Compat("DCGM_FI_DEV_GPU_UTIL", "%", "rate(gpu_utilization_seconds_total[1m]) * 100"),

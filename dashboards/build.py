@@ -556,7 +556,7 @@ def node() -> dict[str, Any]:
             "timeseries",
             "Power",
             [
-                Query("gpu_power_watts{" + SEL + "}", "{{gpu}}"),
+                Query("rate(gpu_energy_joules_total{" + SEL + "}" + rate + ")", "{{gpu}}"),
                 Query("gpu_power_limit_watts{" + SEL + "}", "{{gpu}} limit"),
             ],
             "watt",

@@ -83,7 +83,7 @@ async def test_rounds_nobody_reads_format_nothing(formatting: list[str]) -> None
             await fast_round(sim)
         assert formatting == [], "a round that no one read formatted its samples"
         text = sim.sampler.exposition.text.decode()
-    assert 'gpu_power_watts{gpu="1"' in text, "the read after the rounds lacks their samples"
+    assert 'gpu_energy_joules_total{gpu="1"' in text, "the read after the rounds lacks samples"
     assert formatting, "the read rendered nothing"
 
 
@@ -132,7 +132,7 @@ async def test_while_scraped_a_round_is_rendered_on_a_thread_before_the_next_rea
     assert len(rendered_by_round) == 1, f"the round rendered {len(rendered_by_round)} times"
     assert rendered_by_round[0] != loop, "the round rendered on the loop thread"
     assert renders == [], "the read after the round rendered it again"
-    assert 'gpu_power_watts{gpu="1"' in text, "the threaded render lacks the round's samples"
+    assert 'gpu_energy_joules_total{gpu="1"' in text, "the threaded render lacks the samples"
 
 
 async def test_while_scraped_the_round_writes_the_sources_blocks_on_its_render_thread(

@@ -124,7 +124,9 @@ async def test_a_gpu_lost_until_reset_withdraws_its_series_and_the_reset_clears_
                 and drain(s, "1", "device_lost") == 1  # set off the event loop, a moment later
             ),
         )
-        assert "gpu_power_watts" not in gpu_families(lost, "1"), "a lost GPU's telemetry stays"
+        assert "gpu_energy_joules_total" not in gpu_families(lost, "1"), (
+            "a lost GPU's telemetry stays"
+        )
         assert drain(lost, "1", "hardware_xid") == 1
         assert one(lost, "gpu_up", gpu="0") == 1
         # The NVML event set is rebuilt without the lost GPU: the other GPUs' events must
@@ -135,7 +137,9 @@ async def test_a_gpu_lost_until_reset_withdraws_its_series_and_the_reset_clears_
         rig.inject({"type": "gpu_recovered", "gpu": 1})  # a GPU reset
         await rig.until(
             "GPU 1 back with its series",
-            lambda s: one(s, "gpu_up", gpu="1") == 1 and "gpu_power_watts" in gpu_families(s, "1"),
+            lambda s: (
+                one(s, "gpu_up", gpu="1") == 1 and "gpu_energy_joules_total" in gpu_families(s, "1")
+            ),
         )
         await rig.until(
             "GPU 1's drain cleared by the reset",

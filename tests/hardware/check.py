@@ -240,6 +240,14 @@ def main() -> int:
         "--slow-interval=5s",
         "--log-format=json",
         "--state-dir=/tmp/gpu-exporter-state",
+        # Every family the exporter can serve is checked: the ones behind detail flags too.
+        "--collector.thresholds",
+        "--collector.activity.detail",
+        "--collector.pipes.detail",
+        "--collector.clock-events.detail",
+        "--collector.pcie.errors",
+        "--collector.ecc.aggregate",
+        "--collector.remap.banks",
     ]
     if simulate:
         command.append(f"--simulate={args.simulate}" if args.simulate else "--simulate")

@@ -30,7 +30,8 @@ def test_the_hardware_check_reports_every_family_in_a_dry_run(tmp_path: Path) ->
     results = json.loads(report.read_text())
     idle = results["idle"]
     assert results["exit_status"] == 0
-    for family in ("gpu_info", "gpu_sm_active_seconds_total", "gpu_power_watts", "gpu_allocated"):
+    served = ("gpu_info", "gpu_sm_active_seconds_total", "gpu_energy_joules_total", "gpu_allocated")
+    for family in served:
         assert not idle[family].startswith("absent"), f"{family}: {idle[family]}"
     assert idle["gpu_retired_pages_total"].startswith("absent"), "H100s have no retired pages"
     facts = results["nvml"]["gpus"]["0"]

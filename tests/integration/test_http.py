@@ -31,7 +31,6 @@ SPEC_FAMILIES = {
     "gpu_memory_total_bytes",
     "gpu_memory_used_bytes",
     "gpu_memory_reserved_bytes",
-    "gpu_power_watts",
     "gpu_power_limit_watts",
     "gpu_energy_joules_total",
     "gpu_temperature_celsius",
@@ -54,6 +53,7 @@ NOT_SERVED = {
     "gpu_tensor_active_ratio",
     "gpu_utilization_ratio",
     "gpu_clocks_event_active",
+    "gpu_power_watts",
     "gpu_container_sm_active_ratio",
 }
 # gpu_exporter_nvml_errors_total{function,error} has series only once an error happened

@@ -1,4 +1,5 @@
-"""Power draw, the enforced limit, and energy as NVML's own counter (not integrated here)."""
+"""Power draw (for the status page), the enforced limit, and energy as NVML's own counter (not
+integrated here): ``rate(gpu_energy_joules_total)`` is the mean power draw."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from ..exposition import counter, gauge
 from ..nvml import DeviceCalls
 from .base import Cadence, Collector, CollectorContext, SampleWriter
 
-POWER = gauge("gpu_power_watts", "Power draw of the board, in watts.")
+# The instant draw is the status page's (served=False): rate() of the energy counter is the exact
+# mean power over any window, so Prometheus reads that (docs/migration.md).
+POWER = gauge("gpu_power_watts", "Power draw of the board, in watts.", served=False)
 POWER_LIMIT = gauge("gpu_power_limit_watts", "Power limit the driver enforces, in watts.")
 FIELD_TOTAL_ENERGY = 83  # NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION, mJ since the driver loaded
 ENERGY = counter(
