@@ -600,7 +600,17 @@ def node() -> dict[str, Any]:
         Panel(
             "table",
             "NVLink link state",
-            [Query("gpu_nvlink_links{" + SEL + "}", "{{gpu}} {{state}}", instant=True)],
+            [
+                Query(
+                    # The links that are up are a count; each link that is down is named.
+                    "gpu_nvlink_links{" + SEL + "} or label_replace("
+                    "count without (link) (gpu_nvlink_link_active{" + SEL + "} == 0)"
+                    " or 0 * sum without (state) (gpu_nvlink_links{" + SEL + "}),"
+                    ' "state", "inactive", "", "")',
+                    "{{gpu}} {{state}}",
+                    instant=True,
+                )
+            ],
             "none",
             width=8,
             description="Links per GPU, active and inactive (absent on PCIe cards); a link that "

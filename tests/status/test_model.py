@@ -35,7 +35,6 @@ EXPOSITION = textwrap.dedent(
     gpu_drain_recommended{{gpu="2",uuid="",reason="device_lost"}} 1
     gpu_row_remap_pending{{gpu="1",uuid="{GPU1}"}} 1
     gpu_nvlink_links{{gpu="1",uuid="{GPU1}",state="active"}} 1
-    gpu_nvlink_links{{gpu="1",uuid="{GPU1}",state="inactive"}} 1
     gpu_nvlink_link_active{{gpu="1",uuid="{GPU1}",link="1"}} 0
     gpu_xid_errors_total{{gpu="1",uuid="{GPU1}",xid="48",class="hardware",action="gpu_reset",namespace="a",pod="busy"}} 1
     gpu_xid_errors_total{{gpu="1",uuid="{GPU1}",xid="48",class="hardware",action="gpu_reset",namespace="",pod=""}} 2

@@ -30,17 +30,15 @@ from .pcie_link import PcieCounters
 
 LINKS = gauge(
     "gpu_nvlink_links",
-    'The GPU\'s NVLink links by state: "active", or "inactive" (down, or lost after it was up).',
+    'The GPU\'s NVLink links that are up (state "active"); each link that is down, or lost after '
+    "it was up, is named by gpu_nvlink_link_active at 0.",
 )
 LINK_ACTIVE = gauge(
     "gpu_nvlink_link_active",
     "0 for an NVLink link that is down or lost; with --collector.nvlink.per-link every link, "
     "1 while active.",
 )
-_STATE_LABELS = {
-    True: label_string({"state": "active"}),
-    False: label_string({"state": "inactive"}),
-}
+_ACTIVE_LABELS = label_string({"state": "active"})
 ERRORS = counter(
     "gpu_nvlink_errors_total",
     "NVLink errors by type (crc_flit, crc_data, replay, recovery, ecc; NVLink5 types on "
@@ -193,7 +191,7 @@ class InterconnectCollector(Collector):
 
 class NvLinkStateCollector(Collector):
     name = "nvlink_state"
-    help = "NVLink links by state, the inactive ones by link (slow cadence); per-link DL error "
+    help = "NVLink links up, the inactive ones by link (slow cadence); per-link DL error "
     "counters with per-link."
     cadence = Cadence.SLOW
     families = (LINKS, LINK_ACTIVE, ERRORS)
@@ -211,7 +209,7 @@ class NvLinkStateCollector(Collector):
         handle = self.device.handle
         if self._links is None:
             self._links = link_count(calls, self._fields.read(calls, handle))
-        counts = {True: 0, False: 0}
+        active_links, reported = 0, False
         for link in range(self._links or 0):
             state = calls.get(
                 pynvml.nvmlDeviceGetNvLinkState, handle, link, signal=f"nvlink_state.{link}"
@@ -221,14 +219,14 @@ class NvLinkStateCollector(Collector):
             active = state is not None and bool(state)
             if active:
                 self._seen_active.add(link)
-            counts[active] += 1
+            active_links += active
+            reported = True
             if self._per_link or not active:
                 out.add(LINK_ACTIVE, 1.0 if active else 0.0, label_string({"link": str(link)}))
             if self._per_link:
                 self._dl_errors(calls, out, link)
-        if counts[True] or counts[False]:
-            for active, count in counts.items():
-                out.add(LINKS, count, _STATE_LABELS[active])
+        if reported:
+            out.add(LINKS, active_links, _ACTIVE_LABELS)
 
     def _dl_errors(self, calls: DeviceCalls, out: SampleWriter, link: int) -> None:
         for kind, dl_counter in DL_COUNTERS:

@@ -353,10 +353,12 @@ def _per_container(
 
 
 def _interconnect(series: Series, uuid: str) -> Interconnect:
-    links = {lab.get("state"): value for lab, value in series.of_device("gpu_nvlink_links", uuid)}
+    active = _value(series, "gpu_nvlink_links", uuid)
+    # The links that are down are named one by one (gpu_nvlink_link_active at 0).
+    down = sum(1 for _, up in series.of_device("gpu_nvlink_link_active", uuid) if up == 0)
     return Interconnect(
-        nvlink_active=int(links.get("active", 0)) if links else None,
-        nvlink_links=int(sum(links.values())) if links else None,
+        nvlink_active=None if active is None else int(active),
+        nvlink_links=None if active is None else int(active) + down,
         pcie_generation=_value(series, "gpu_pcie_link_generation", uuid),
         pcie_max_generation=_value(series, "gpu_pcie_link_max_generation", uuid),
         pcie_width=_value(series, "gpu_pcie_link_width_lanes", uuid),
