@@ -178,8 +178,11 @@ async def engines() -> AsyncIterator[Engines]:
     session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
     watcher: asyncio.Task[None] | None = None
     try:
+        # node-a serves the detail families that dcgm-exporter's FP-pipe and occupancy
+        # compatibility series read (docs/migration.md), so both engines record those too.
+        detail = {"node-a": ("--collector.activity.detail", "--collector.pipes.detail")}
         exporters = {
-            name: ExporterProcess(name, scenario, workdir / name)
+            name: ExporterProcess(name, scenario, workdir / name, detail.get(name, ()))
             for name, scenario in SCENARIOS.items()
         }
         processes += exporters.values()
