@@ -17,21 +17,36 @@ discard the start, and one at the end of its window.
 The lateness is kept as a histogram of 0.1 ms buckets (a few hundred integers at most), so the
 probe adds nothing measurable to the process's memory; its CPU (100 wake-ups a second) is why
 the bench runs it in a process of its own, never in the one whose CPU and RSS it reports.
+
+With ``$BENCH_LOOP_TRACE`` set to a file, the probe also says what each long wake-up waited for
+(``StallTrace``): every loop callback that ran at least ``$BENCH_LOOP_TRACE_MS`` (default 2 ms),
+with its wall and loop-thread CPU time; every garbage collection, on whichever thread, with its
+generation, wall and CPU time and, for a full one, the objects it traversed; and, per wake-up at
+least that late, the loop thread's and the whole process's CPU over its sleep, and the callbacks
+and collections that overlapped it. CPU time is what names a culprit on a shared machine: a
+callback's wall time also counts the time its thread waited for a core or for the GIL. Written
+with each dump (JSON, the same sequence number).
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import math
 import os
 import signal
 import sys
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 LAG_ENV = "BENCH_LOOP_LAG"
+TRACE_ENV = "BENCH_LOOP_TRACE"
+TRACE_MS_ENV = "BENCH_LOOP_TRACE_MS"
+TRACE_MS = 2.0
 INTERVAL_S = 0.010
 RESOLUTION_MS = 0.1
 AT_LEAST_MS = (1.0, 5.0, 10.0, 20.0)  # reported as counts of wake-ups at least this late
@@ -92,12 +107,140 @@ def _rounded(ms: float | None) -> float | None:
     return None if ms is None else round(ms, 3)
 
 
+class StallTrace:
+    """What the loop was doing while a wake-up was late: long callbacks and garbage collections.
+
+    Times are ``time.monotonic()`` (the loop's clock); CPU is ``time.thread_time()`` of the thread
+    that ran the callback or the collection, so a culprit shows by what it cost, not by how long
+    a contended machine made it last. Installed before the loop runs: it wraps
+    ``asyncio.Handle._run`` (every callback, task steps included) and appends to ``gc.callbacks``.
+    """
+
+    def __init__(self, target: Path, threshold_ms: float = TRACE_MS) -> None:
+        self.target = target
+        self.threshold_s = threshold_ms / 1000
+        self.callbacks: list[dict[str, Any]] = []
+        self.collections: list[dict[str, Any]] = []
+        self.wakeups: list[dict[str, Any]] = []
+        self.gc_totals: dict[int, dict[str, float]] = {}
+        self._gc_started = threading.local()
+
+    def install(self) -> None:
+        run = asyncio.events.Handle._run
+        trace = self
+
+        def timed_run(handle: asyncio.events.Handle) -> None:
+            t0, c0 = time.monotonic(), time.thread_time()
+            try:
+                run(handle)
+            finally:
+                wall = time.monotonic() - t0
+                if wall >= trace.threshold_s:
+                    trace.callbacks.append(
+                        {
+                            "at": t0,
+                            "wall_ms": wall * 1000,
+                            "cpu_ms": (time.thread_time() - c0) * 1000,
+                            "what": describe(handle),
+                        }
+                    )
+
+        asyncio.events.Handle._run = timed_run  # type: ignore[method-assign]
+        gc.callbacks.append(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            # A full collection traverses every tracked object: count them (outside the timing).
+            objects = len(gc.get_objects()) if info["generation"] == 2 else None
+            self._gc_started.value = (time.monotonic(), time.thread_time(), objects)
+            return
+        started = getattr(self._gc_started, "value", None)
+        if started is None:
+            return
+        t0, c0, objects = started
+        wall, cpu = time.monotonic() - t0, time.thread_time() - c0
+        generation = info["generation"]
+        totals = self.gc_totals.setdefault(
+            generation, {"count": 0, "cpu_ms": 0.0, "max_cpu_ms": 0.0, "max_wall_ms": 0.0}
+        )
+        totals["count"] += 1
+        totals["cpu_ms"] += cpu * 1000
+        totals["max_cpu_ms"] = max(totals["max_cpu_ms"], cpu * 1000)
+        totals["max_wall_ms"] = max(totals["max_wall_ms"], wall * 1000)
+        if wall >= self.threshold_s / 4 or generation == 2:
+            self.collections.append(
+                {
+                    "at": t0,
+                    "wall_ms": wall * 1000,
+                    "cpu_ms": cpu * 1000,
+                    "generation": generation,
+                    "thread": threading.current_thread().name,
+                    "collected": info["collected"],
+                    "objects": objects,
+                }
+            )
+
+    def wakeup(self, due: float, woke: float, loop_cpu_s: float, process_cpu_s: float) -> None:
+        """One wake-up of the probe, late by ``woke - due``; the CPU the loop thread and the
+        process spent over its sleep tells a busy loop from a loop waiting for the GIL (the
+        process busy elsewhere) or for a core (neither busy)."""
+        if woke - due >= self.threshold_s:
+            self.wakeups.append(
+                {
+                    "at": woke,
+                    "late_ms": (woke - due) * 1000,
+                    "loop_cpu_ms": loop_cpu_s * 1000,
+                    "process_cpu_ms": process_cpu_s * 1000,
+                }
+            )
+
+    def dump(self, seq: int) -> None:
+        """Write what was traced since the last dump, each long wake-up with what overlapped its
+        sleep (a callback or collection that ended after the sleep began and began before the
+        wake-up), and start again."""
+        for wake in self.wakeups:
+            start = wake["at"] - wake["late_ms"] / 1000 - INTERVAL_S
+            wake["overlapping"] = [
+                {"kind": kind, **event}
+                for kind, events in (("callback", self.callbacks), ("gc", self.collections))
+                for event in events
+                if event["at"] < wake["at"] and event["at"] + event["wall_ms"] / 1000 > start
+            ]
+        data = {
+            "seq": seq,
+            "threshold_ms": self.threshold_s * 1000,
+            "gc_totals": {str(g): t for g, t in sorted(self.gc_totals.items())},
+            "wakeups": self.wakeups,
+            "callbacks": self.callbacks,
+            "collections": self.collections,
+        }
+        self.callbacks, self.collections, self.wakeups, self.gc_totals = [], [], [], {}
+        tmp = self.target.with_name(self.target.name + ".tmp")
+        tmp.write_text(json.dumps(data, default=str))
+        os.replace(tmp, self.target)
+
+
+def describe(handle: asyncio.events.Handle) -> str:
+    """A callback by name: a task step as its coroutine and where it stopped, else its repr."""
+    callback = getattr(handle, "_callback", None)
+    task = getattr(callback, "__self__", None)
+    if isinstance(task, asyncio.Task):
+        coro = task.get_coro()
+        frame = getattr(coro, "cr_frame", None)
+        where = f" at {frame.f_code.co_filename}:{frame.f_lineno}" if frame is not None else ""
+        return f"task {getattr(coro, '__qualname__', coro)}{where}"
+    return repr(callback)
+
+
 class Probe:
     """Sleeps ``interval_s`` on the running loop, forever, recording each wake-up's lateness."""
 
-    def __init__(self, target: Path | None, interval_s: float = INTERVAL_S) -> None:
+    def __init__(
+        self, target: Path | None, interval_s: float = INTERVAL_S, trace: StallTrace | None = None
+    ) -> None:
         self.target = target
         self.interval_s = interval_s
+        self.trace = trace
         self.histogram = LagHistogram()
         self.seq = 0
 
@@ -105,9 +248,18 @@ class Probe:
         loop = asyncio.get_running_loop()
         try:
             while True:
+                loop_cpu, process_cpu = time.thread_time(), time.process_time()
                 due = loop.time() + self.interval_s
                 await asyncio.sleep(self.interval_s)
-                self.histogram.record(loop.time() - due)
+                woke = loop.time()
+                self.histogram.record(woke - due)
+                if self.trace is not None:
+                    self.trace.wakeup(
+                        due,
+                        woke,
+                        time.thread_time() - loop_cpu,
+                        time.process_time() - process_cpu,
+                    )
         finally:
             self.dump()
 
@@ -116,6 +268,8 @@ class Probe:
         self.seq += 1
         data = {"seq": self.seq, **self.histogram.summary(self.interval_s)}
         self.histogram = LagHistogram(self.histogram.resolution_ms)
+        if self.trace is not None:  # first: whoever sees the new sequence finds its trace written
+            self.trace.dump(self.seq)
         if self.target is not None:
             tmp = self.target.with_name(self.target.name + ".tmp")
             tmp.write_text(json.dumps(data))
@@ -154,7 +308,11 @@ def install(probe: Probe) -> None:
 if __name__ == "__main__":
     from gpu_exporter import cli
 
-    target = os.environ.get(LAG_ENV)
-    install(Probe(Path(target) if target else None))
+    target, trace_target = os.environ.get(LAG_ENV), os.environ.get(TRACE_ENV)
+    trace = None
+    if trace_target:
+        trace = StallTrace(Path(trace_target), float(os.environ.get(TRACE_MS_ENV, TRACE_MS)))
+        trace.install()
+    install(Probe(Path(target) if target else None, trace=trace))
     sys.argv[0] = "gpu-exporter"
     cli.main()

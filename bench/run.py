@@ -52,7 +52,7 @@ from harness import (
     wait_ready,
 )
 from loadgen import LoadResult, median_cell, percentile, pick_generator, run_load
-from loop_probe import LAG_ENV
+from loop_probe import LAG_ENV, TRACE_ENV
 from peer import PEER_FULL, PEER_QUICK, compare, peer_table
 
 SHAPES = {
@@ -423,11 +423,14 @@ def read_lag(proc: Proc, path: Path, previous_seq: int) -> dict[str, Any]:
     raise RuntimeError("the loop-lag probe did not answer")
 
 
-def measure_stall(shape: str, seconds: float, warmup_s: float = STALL_WARMUP_S) -> dict[str, Any]:
+def measure_stall(
+    shape: str, seconds: float, warmup_s: float = STALL_WARMUP_S, trace: Path | None = None
+) -> dict[str, Any]:
     """The exporter under the loop-lag probe (loop_probe.py), scraped once a second as Prometheus
     scrapes (OpenMetrics, gzip, one kept connection) for ``seconds``: how late the probe's 10 ms
     timer woke, and how long the scrapes took, over that window (the first ``warmup_s`` after
-    ``/readyz`` excluded)."""
+    ``/readyz`` excluded). With ``trace``, the probe's stall trace of the window is written
+    there (loop_probe.StallTrace)."""
     _, scenario = SHAPES[shape]
     with tempfile.TemporaryDirectory(prefix=f"bench-stall-{shape}-") as tmp:
         work = Path(tmp)
@@ -435,7 +438,10 @@ def measure_stall(shape: str, seconds: float, warmup_s: float = STALL_WARMUP_S) 
         (work / "kmsg").touch()
         lag_file = work / "loop-lag.json"
         command = [sys.executable, str(BENCH / "loop_probe.py"), *exporter_args(scenario, work)]
-        proc = start_gpu_exporter(command, {LAG_ENV: str(lag_file)})
+        env = {LAG_ENV: str(lag_file)}
+        if trace is not None:
+            env[TRACE_ENV] = str(work / "trace.json")
+        proc = start_gpu_exporter(command, env)
         try:
             wait_ready(proc)
             time.sleep(warmup_s)
@@ -454,6 +460,8 @@ def measure_stall(shape: str, seconds: float, warmup_s: float = STALL_WARMUP_S) 
             client.close()
             lag = read_lag(proc, lag_file, start["seq"])
             elapsed = time.monotonic() - begun
+            if trace is not None:
+                trace.write_bytes((work / "trace.json").read_bytes())
         finally:
             proc.stop()
     ordered = sorted(scrapes)
@@ -721,6 +729,12 @@ def main(argv: list[str] | None = None) -> int:
         "--stall-seconds", type=float, help="seconds of the loop-lag window (full 300, --quick 20)"
     )
     parser.add_argument(
+        "--stall-trace",
+        type=Path,
+        metavar="FILE",
+        help="write the stall window's trace here: long callbacks, collections, late wake-ups",
+    )
+    parser.add_argument(
         "--stall-shape",
         default=goals.GOAL_SHAPE,
         choices=list(SHAPES),
@@ -801,7 +815,9 @@ def main(argv: list[str] | None = None) -> int:
         report["shapes"][shape] = data
     if "stall" not in skip:
         log(f"stall: {args.stall_shape} under the loop-lag probe, {profile.stall_seconds:.0f} s")
-        report["stall"] = measure_stall(args.stall_shape, profile.stall_seconds)
+        report["stall"] = measure_stall(
+            args.stall_shape, profile.stall_seconds, trace=args.stall_trace
+        )
     if "peer" not in skip:
         log(f"peer: gpu-exporter and nvitop-exporter on {args.peer_shape}, taking turns")
         peer_profile = PEER_QUICK if args.quick else PEER_FULL

@@ -14,7 +14,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-from loop_probe import LagHistogram, Probe, ProbedLoopPolicy
+from loop_probe import INTERVAL_S, LagHistogram, Probe, ProbedLoopPolicy, StallTrace
 from run import measure_stall
 
 
@@ -84,9 +84,43 @@ def test_the_policy_starts_the_probe_on_the_first_loop_only() -> None:
     assert started == [first], "the probe must run on the CLI's loop, and only there"
 
 
-def test_the_stall_cell_probes_the_real_exporters_loop_while_it_is_scraped() -> None:
-    stall = measure_stall("gpu8", seconds=1.5, warmup_s=0)
+def test_a_late_wake_up_is_traced_with_what_ran_during_its_sleep(tmp_path: Path) -> None:
+    trace = StallTrace(tmp_path / "trace.json", threshold_ms=2.0)
+    sleep_began = 100.0
+    due = sleep_began + INTERVAL_S
+    woke = due + 0.030  # 30 ms late
+    trace.callbacks = [
+        {"at": sleep_began - 0.050, "wall_ms": 5.0, "cpu_ms": 5.0, "what": "ended before"},
+        {"at": sleep_began + 0.002, "wall_ms": 25.0, "cpu_ms": 24.0, "what": "the culprit"},
+        {"at": woke + 0.001, "wall_ms": 3.0, "cpu_ms": 3.0, "what": "began after"},
+    ]
+    trace.collections = [
+        {"at": sleep_began - 0.001, "wall_ms": 4.0, "cpu_ms": 4.0, "generation": 2},
+    ]
+    trace.wakeup(due, woke, loop_cpu_s=0.024, process_cpu_s=0.028)
+    trace.wakeup(due, due + 0.001, loop_cpu_s=0.0, process_cpu_s=0.0)  # under the threshold
+    trace.dump(seq=3)
+    data = json.loads((tmp_path / "trace.json").read_text())
+    assert data["seq"] == 3
+    [wake] = data["wakeups"]
+    assert wake["late_ms"] == pytest.approx(30.0)
+    assert (wake["loop_cpu_ms"], wake["process_cpu_ms"]) == (pytest.approx(24), pytest.approx(28))
+    named = [event.get("what", event["kind"]) for event in wake["overlapping"]]
+    assert named == ["the culprit", "gc"], (
+        "only what overlapped the sleep names the stall: a callback that ended before the sleep "
+        f"or began after the wake-up is not its cause: {named}"
+    )
+    assert (trace.callbacks, trace.wakeups) == ([], []), "a dump must start the next window"
+
+
+def test_the_stall_cell_probes_the_real_exporters_loop_while_it_is_scraped(
+    tmp_path: Path,
+) -> None:
+    stall = measure_stall("gpu8", seconds=1.5, warmup_s=0, trace=tmp_path / "trace.json")
     lag, scrapes = stall["loop_lag"], stall["scrapes"]
     assert lag["wakeups"] > 0, f"the probe never woke on the exporter's loop: {stall}"
     assert 0 <= lag["p50_ms"] <= lag["p99_ms"] <= lag["max_ms"], lag
     assert scrapes["count"] >= 1, f"the cell scraped nothing: {stall}"
+    trace = json.loads((tmp_path / "trace.json").read_text())
+    assert trace["seq"] == 2, "the trace is not the window's (the second dump)"
+    assert {"wakeups", "callbacks", "collections", "gc_totals"} <= trace.keys(), trace.keys()
