@@ -147,6 +147,68 @@ async def test_while_scraped_the_round_writes_the_sources_blocks_on_its_render_t
     )
 
 
+async def test_while_scraped_a_slow_round_settling_after_the_fast_one_is_rendered_ahead_too(
+    renders: list[str],
+) -> None:
+    async with simulated_sampler(SCENARIO) as sim:
+        await fast_round(sim)
+        scrape(sim)
+        await fast_round(sim)
+        renders.clear()
+        await sim.sampler.sample_round(Cadence.SLOW)  # the same tick: no scrape came between
+        by_slow_round = list(renders)
+        renders.clear()
+        scrape(sim)
+    loop = threading.current_thread().name
+    assert by_slow_round, "the slow round was left to the next scrape to render"
+    assert loop not in by_slow_round, "the slow round rendered on the loop thread"
+    assert renders == [], "the scrape after the slow round rendered it on the loop"
+
+
+async def test_a_round_settling_during_anothers_render_joins_it_and_returns_when_shown(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    started, release = threading.Event(), threading.Event()
+    loop = threading.current_thread()
+    threads: list[threading.Thread] = []
+    original = exposition.render_blocks
+
+    def held_off_the_loop(*args: object) -> exposition.Exposition:
+        threads.append(threading.current_thread())
+        if threading.current_thread() is not loop:
+            started.set()
+            release.wait(10)
+        return original(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr("gpu_exporter.sampler.core.render_blocks", held_off_the_loop)
+    async with simulated_sampler(SCENARIO) as sim:
+        await fast_round(sim)
+        previous = scrape(sim)
+        threads.clear()
+        fast = asyncio.create_task(fast_round(sim))
+        assert await asyncio.to_thread(started.wait, 10), "the round did not render on a thread"
+        publishing = asyncio.Event()
+        publish = sim.sampler._publish_round
+
+        async def settled_then_publish() -> None:
+            publishing.set()
+            await publish()
+
+        monkeypatch.setattr(sim.sampler, "_publish_round", settled_then_publish)
+        slow = asyncio.create_task(sim.sampler.sample_round(Cadence.SLOW))
+        await asyncio.wait_for(publishing.wait(), 10)  # settled while the fast render is held
+        await asyncio.sleep(0)
+        assert not slow.done(), "the slow round returned before the exposition showed it"
+        assert sim.sampler.exposition is previous, "a read during the render did not wait for it"
+        release.set()
+        await slow
+        shown = sim.sampler.exposition
+        await fast
+    assert loop not in threads, "a round was rendered on the loop thread"
+    assert len(threads) == 2, f"{len(threads)} renders: the slow round was not rendered again"
+    assert shown is not previous, "the slow round returned before the exposition showed it"
+
+
 async def test_rounds_nobody_reads_are_not_rendered_ahead(renders: list[str]) -> None:
     async with simulated_sampler(SCENARIO) as sim:
         await fast_round(sim)

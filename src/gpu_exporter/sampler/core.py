@@ -115,8 +115,10 @@ class Sampler:
         self._news_count = 0  # rounds settled and event sources' news, so far
         self._shown = 0  # the news the exposition reflects
         self._ahead: int | None = None  # the news being rendered on a thread, if any
+        self._rendering: asyncio.Future[None] | None = None  # done when no render is ahead
         self._read = False  # note_read() since the last round was submitted
-        self._read_since_news = False
+        self._read_since_fast_round = False  # note_read() since the last fast round settled
+        self._scraped = False  # note_read() in the fast interval before that
         self._family_order = family_order(self._collector_types, self._sources)
         self._news = asyncio.Event()
         self._nvml_up = False
@@ -190,7 +192,7 @@ class Sampler:
         While it is read every round, the next round formats its samples on the worker threads
         and is rendered on a thread as it settles, so that the next read finds it ready; rounds
         after which nobody read render nothing until a read."""
-        self._read = self._read_since_news = True
+        self._read = self._read_since_fast_round = True
 
     @property
     def ready(self) -> bool:
@@ -268,6 +270,7 @@ class Sampler:
         if cadence is Cadence.FAST:
             self._last_round_end = self._clock()
             self._round_done()
+            self._scraped, self._read_since_fast_round = self._read_since_fast_round, False
         await self._publish_round()
 
     async def _round(self, cadence: Cadence, interval: float) -> None:
@@ -472,23 +475,43 @@ class Sampler:
         the next scrape finds it ready instead of stalling the loop for it: only gathering the
         parts (reading their state) stays on the loop; writing the sources' and self-metrics'
         blocks, joining and gzip run on the thread. Scrapes meanwhile get the previous round's
-        exposition. Unread rounds render on the next read."""
+        exposition. Unread rounds render on the next read.
+
+        "Read every round" is a read since the last fast round settled, or in the fast interval
+        before: a slow round settles just after the fast one of the same tick, before any
+        scrape could come between them. A round that settles while another's render is on its
+        thread joins that render (it renders once more when done) instead of leaving its own to
+        the next scrape, on the loop."""
         self._news_count += 1
-        ahead, self._read_since_news = self._read_since_news and self._ahead is None, False
-        if ahead:
-            news = self._ahead = self._news_count
-            parts = self._parts()
-            gzipped = self._exposition.gzipped_formats()  # what the scrapers asked for
-            try:
-                exposition = await asyncio.to_thread(self._render, parts, gzipped)
-            except Exception:  # a bug: the next read renders on the loop and shows it
-                _log.exception("rendering the round failed")
+        if self._scraped or self._read_since_fast_round:
+            if self._rendering is None:
+                await self._render_ahead()
             else:
+                self._ahead = self._news_count
+                await asyncio.shield(self._rendering)
+        self._news.set()
+
+    async def _render_ahead(self) -> None:
+        """Render on a thread until the exposition shows the newest round claimed by
+        :attr:`_ahead` (a round that settled meanwhile claims it again)."""
+        self._rendering = asyncio.get_running_loop().create_future()
+        self._ahead = self._news_count
+        try:
+            while self._ahead is not None and self._shown < self._ahead:
+                news = self._ahead
+                parts = self._parts()
+                gzipped = self._exposition.gzipped_formats()  # what the scrapers asked for
+                try:
+                    exposition = await asyncio.to_thread(self._render, parts, gzipped)
+                except Exception:  # a bug: the next read renders on the loop and shows it
+                    _log.exception("rendering the round failed")
+                    return
                 if self._shown < news:  # no read rendered newer news meanwhile
                     self._shown, self._exposition = news, exposition
-            finally:
-                self._ahead = None
-        self._news.set()
+        finally:
+            self._ahead = None
+            self._rendering.set_result(None)
+            self._rendering = None
 
     def _render(self, parts: list[Part], gzipped: tuple[bool, ...]) -> Exposition:
         """On a thread: the exposition of ``parts``, with the gzip bodies scrapers will ask for."""
