@@ -1,10 +1,11 @@
 """When the exposition is rendered: on read, once per round, and off the loop while scraped.
 
-A round nobody reads only marks the exposition stale: the next read renders it, and a job's
-samples are formatted by that first render. While the exposition is scraped every round (the
-``/metrics`` handler tells the sampler with ``note_read``), the jobs format their own lines on
-the worker threads and the round's end renders the whole exposition on a thread, so that the
-next scrape finds it ready. Reading the exposition by itself steers nothing."""
+A round nobody reads only marks the exposition stale: the next read renders it (a scrape's on
+a thread), and a job's samples are formatted by that first render. While the exposition is
+scraped every round (the ``/metrics`` handler tells the sampler with ``note_read``), the jobs
+format their own lines on the worker threads and the round's end renders the whole exposition
+on a thread, so that the next scrape finds it ready. Reading the exposition by itself steers
+nothing."""
 
 from __future__ import annotations
 
@@ -85,6 +86,26 @@ async def test_rounds_nobody_reads_format_nothing(formatting: list[str]) -> None
         text = sim.sampler.exposition.text.decode()
     assert 'gpu_energy_joules_total{gpu="1"' in text, "the read after the rounds lacks samples"
     assert formatting, "the read rendered nothing"
+
+
+async def test_a_scrape_of_rounds_nobody_read_renders_them_on_a_thread(
+    renders: list[str], block_writes: list[str]
+) -> None:
+    async with simulated_sampler(SCENARIO) as sim:
+        for _ in range(2):
+            await fast_round(sim)
+        renders.clear()
+        block_writes.clear()
+        sim.sampler.note_read()
+        first, second = await asyncio.gather(
+            sim.sampler.read_exposition(), sim.sampler.read_exposition()
+        )
+    loop = threading.current_thread().name
+    assert len(renders) == 1, f"two scrapes at once rendered {len(renders)} times, not once"
+    assert loop not in renders, "the scrape rendered the unread rounds on the loop thread"
+    assert loop not in block_writes, "the scrape wrote the sources' blocks on the loop thread"
+    assert first is second, "the second scrape did not wait for the render in flight"
+    assert 'gpu_power_watts{gpu="1"' in first.text.decode(), "the render lacks the rounds"
 
 
 async def test_reads_between_rounds_share_one_render_and_a_round_renders_anew() -> None:

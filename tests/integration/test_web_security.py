@@ -144,6 +144,9 @@ class StubSampler:
 
         return render(())
 
+    async def read_exposition(self) -> Any:
+        return self.exposition
+
 
 class Gate:
     """A route whose requests wait until released, to hold request slots without sleeping."""

@@ -75,7 +75,7 @@ async def metrics(request: web.Request) -> web.Response:
     built once per render, on a thread: gzipped.py)."""
     sampler = request.app[SAMPLER_KEY]
     sampler.note_read()  # scrapers are reading: the next rounds render ahead of them
-    exposition = sampler.exposition
+    exposition = await sampler.read_exposition()
     openmetrics = wants_openmetrics(request.headers.get("Accept", ""))
     gzipped = accepts_gzip(request.headers.get("Accept-Encoding", ""))
     headers = {"Content-Type": OPENMETRICS_CONTENT_TYPE if openmetrics else TEXT_CONTENT_TYPE}
