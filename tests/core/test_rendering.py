@@ -108,6 +108,35 @@ async def test_a_scrape_of_rounds_nobody_read_renders_them_on_a_thread(
     assert 'gpu_power_watts{gpu="1"' in first.text.decode(), "the render lacks the rounds"
 
 
+async def test_a_scraper_hanging_up_does_not_stop_the_render_another_waits_for(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    started, release = threading.Event(), threading.Event()
+    threads: list[threading.Thread] = []
+    original = exposition.render_blocks
+
+    def held(*args: object) -> exposition.Exposition:
+        threads.append(threading.current_thread())
+        started.set()
+        release.wait(10)
+        return original(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr("gpu_exporter.sampler.core.render_blocks", held)
+    async with simulated_sampler(SCENARIO) as sim:
+        await fast_round(sim)
+        sim.sampler.note_read()
+        hung_up = asyncio.create_task(sim.sampler.read_exposition())
+        waiting = asyncio.create_task(sim.sampler.read_exposition())
+        assert await asyncio.to_thread(started.wait, 10), "the read did not render on a thread"
+        hung_up.cancel()
+        await asyncio.gather(hung_up, return_exceptions=True)
+        release.set()
+        served = await waiting
+    assert threading.current_thread() not in threads, "the reads rendered on the loop thread"
+    assert len(threads) == 1, f"{len(threads)} renders for two reads of one round"
+    assert 'gpu_power_watts{gpu="1"' in served.text.decode(), "the read served an empty render"
+
+
 async def test_reads_between_rounds_share_one_render_and_a_round_renders_anew() -> None:
     async with simulated_sampler(SCENARIO) as sim:
         await fast_round(sim)

@@ -117,6 +117,7 @@ class Sampler:
         self._ahead: int | None = None  # the news being rendered on a thread, if any
         self._rendering: asyncio.Future[None] | None = None  # done when no render is ahead
         self._on_demand = False  # the render in flight was asked for by a read
+        self._renders: set[asyncio.Task[None]] = set()  # reads' renders on a thread
         self._read = False  # note_read() since the last round was submitted
         self._read_since_fast_round = False  # note_read() since the last fast round settled
         self._scraped = False  # note_read() in the fast interval before that
@@ -153,7 +154,7 @@ class Sampler:
     async def stop(self) -> None:
         for task in self._tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*self._tasks, *self._renders, return_exceptions=True)
         self._tasks = []
         if self._nvml_up:
             self._nvml_up = False
@@ -196,8 +197,11 @@ class Sampler:
         round meanwhile, as from :attr:`exposition`."""
         if self._shown < self._news_count:
             if self._rendering is None:
-                await self._render_ahead(on_demand=True)
-            elif self._on_demand:
+                # A task, claimed at once: a reader that hangs up must not stop the others' render.
+                task = asyncio.create_task(self._render_until_shown(self._claim_render(True)))
+                self._renders.add(task)
+                task.add_done_callback(self._renders.discard)
+            if self._on_demand and self._rendering is not None:
                 self._ahead = self._news_count
                 await asyncio.shield(self._rendering)
         return self.exposition  # still stale only if the thread's render failed: shows why
@@ -500,18 +504,22 @@ class Sampler:
         self._news_count += 1
         if self._scraped or self._read_since_fast_round:
             if self._rendering is None:
-                await self._render_ahead()
+                await self._render_until_shown(self._claim_render(False))
             else:
                 self._ahead = self._news_count
                 await asyncio.shield(self._rendering)
         self._news.set()
 
-    async def _render_ahead(self, *, on_demand: bool = False) -> None:
-        """Render on a thread until the exposition shows the newest news claimed by
-        :attr:`_ahead` (a round that settled meanwhile, or a read, claims it again)."""
+    def _claim_render(self, on_demand: bool) -> asyncio.Future[None]:
         self._rendering = asyncio.get_running_loop().create_future()
         self._on_demand = on_demand
         self._ahead = self._news_count
+        return self._rendering
+
+    async def _render_until_shown(self, rendering: asyncio.Future[None]) -> None:
+        """Render on a thread until the exposition shows the newest news claimed by
+        :attr:`_ahead` (a round that settled meanwhile, or a read, claims it again); then
+        ``rendering`` is done."""
         try:
             while self._ahead is not None and self._shown < self._ahead:
                 news = self._ahead
@@ -525,9 +533,8 @@ class Sampler:
                 if self._shown < news:  # no read rendered newer news meanwhile
                     self._shown, self._exposition = news, exposition
         finally:
-            self._ahead = None
-            self._rendering.set_result(None)
-            self._rendering = None
+            self._ahead = self._rendering = None
+            rendering.set_result(None)
 
     def _render(self, parts: list[Part], gzipped: tuple[bool, ...]) -> Exposition:
         """On a thread: the exposition of ``parts``, with the gzip bodies scrapers will ask for."""
