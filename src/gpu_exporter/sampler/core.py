@@ -118,6 +118,9 @@ class Sampler:
         self._rendering: asyncio.Future[None] | None = None  # done when no render is ahead
         self._on_demand = False  # the render in flight was asked for by a read
         self._renders: set[asyncio.Task[None]] = set()  # reads' renders on a thread
+        # Renders have a thread of their own: a scrape must not wait behind the default
+        # executor's other work (gzip bodies, web config reads) to have its round rendered.
+        self._render_thread = concurrent.futures.ThreadPoolExecutor(1, "render")
         self._read = False  # note_read() since the last round was submitted
         self._read_since_fast_round = False  # note_read() since the last fast round settled
         self._scraped = False  # note_read() in the fast interval before that
@@ -156,6 +159,7 @@ class Sampler:
             task.cancel()
         await asyncio.gather(*self._tasks, *self._renders, return_exceptions=True)
         self._tasks = []
+        self._render_thread.shutdown(wait=False)
         if self._nvml_up:
             self._nvml_up = False
             try:
@@ -526,7 +530,9 @@ class Sampler:
                 parts = self._parts()
                 gzipped = self._exposition.gzipped_formats()  # what the scrapers asked for
                 try:
-                    exposition = await asyncio.to_thread(self._render, parts, gzipped)
+                    exposition = await asyncio.get_running_loop().run_in_executor(
+                        self._render_thread, self._render, parts, gzipped
+                    )
                 except Exception:  # a bug: the next read renders on the loop and shows it
                     _log.exception("rendering the round failed")
                     return
