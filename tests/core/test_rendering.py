@@ -105,7 +105,7 @@ async def test_a_scrape_of_rounds_nobody_read_renders_them_on_a_thread(
     assert loop not in renders, "the scrape rendered the unread rounds on the loop thread"
     assert loop not in block_writes, "the scrape wrote the sources' blocks on the loop thread"
     assert first is second, "the second scrape did not wait for the render in flight"
-    assert 'gpu_power_watts{gpu="1"' in first.text.decode(), "the render lacks the rounds"
+    assert 'gpu_energy_joules_total{gpu="1"' in first.text.decode(), "the render lacks the rounds"
 
 
 async def test_a_scraper_hanging_up_does_not_stop_the_render_another_waits_for(
@@ -134,7 +134,7 @@ async def test_a_scraper_hanging_up_does_not_stop_the_render_another_waits_for(
         served = await waiting
     assert threading.current_thread() not in threads, "the reads rendered on the loop thread"
     assert len(threads) == 1, f"{len(threads)} renders for two reads of one round"
-    assert 'gpu_power_watts{gpu="1"' in served.text.decode(), "the read served an empty render"
+    assert 'gpu_energy_joules_total{gpu="1"' in served.text.decode(), "the read served an empty render"
 
 
 async def test_reads_between_rounds_share_one_render_and_a_round_renders_anew() -> None:
