@@ -134,7 +134,8 @@ async def test_a_scraper_hanging_up_does_not_stop_the_render_another_waits_for(
         served = await waiting
     assert threading.current_thread() not in threads, "the reads rendered on the loop thread"
     assert len(threads) == 1, f"{len(threads)} renders for two reads of one round"
-    assert 'gpu_energy_joules_total{gpu="1"' in served.text.decode(), "the read served an empty render"
+    served_text = served.text.decode()
+    assert 'gpu_energy_joules_total{gpu="1"' in served_text, "the read served an empty render"
 
 
 async def test_reads_between_rounds_share_one_render_and_a_round_renders_anew() -> None:
