@@ -217,6 +217,8 @@ def _dashboard(
 # ---- (a) fleet efficiency -----------------------------------------------------------------------
 
 NS = 'namespace=~"$namespace"'
+# The fleet's held time per SM activity band, summed per node by the rules (not per holder).
+BANDS = "instance_band:gpu_allocation_sm_activity_band_seconds:rate5m"
 
 
 def fleet() -> dict[str, Any]:
@@ -381,9 +383,11 @@ def fleet() -> dict[str, Any]:
             "Held GPUs' SM activity shape",
             [
                 Query(
-                    "sum by (band) (rate(gpu_allocation_sm_activity_band_seconds_total[5m])) "
-                    "/ ignoring (band) group_left () "
-                    "sum(rate(gpu_allocation_sm_activity_band_seconds_total[5m]))",
+                    "sum by (band) ("
+                    + BANDS
+                    + ") / ignoring (band) group_left () sum("
+                    + BANDS
+                    + ")",
                     "{{band}}",
                 )
             ],
@@ -397,7 +401,7 @@ def fleet() -> dict[str, Any]:
         Panel(
             "table",
             "Holders' SM activity bands (1h)",
-            [Query("holder:gpu_sm_band:ratio_rate1h", instant=True)],
+            [Query("holder:gpu_sm_band:ratio_rate1h{" + NS + "}", instant=True)],
             "percentunit",
             description="Per pod and device, the share of the last hour in each band. "
             'holder:gpu_sm_shape:info names the shape: "starved" (high and low, little mid, '
@@ -431,7 +435,7 @@ def fleet() -> dict[str, Any]:
         Panel(
             "table",
             "Multi-GPU pods: weakest path and the best the node had",
-            [Query("gpu_allocation_path_info", instant=True)],
+            [Query("gpu_allocation_path_info{" + NS + "}", instant=True)],
             "none",
             description="For each pod of two or more GPUs on a node, read once per allocation "
             "change: path is the weakest link between its GPUs (nvlink, pcie_switch, "
@@ -441,7 +445,7 @@ def fleet() -> dict[str, Any]:
         Panel(
             "table",
             "Pods per NVLink domain",
-            [Query("namespace_pod:gpu_nvlink_domain:info", instant=True)],
+            [Query("namespace_pod:gpu_nvlink_domain:info{" + NS + "}", instant=True)],
             "none",
             description="The NVLink domain of each pod's GPUs (a fabric clique, else the node). "
             "workload:gpu_fabric_cliques:count counts a workload's cliques (its pods' job-name "
@@ -450,7 +454,7 @@ def fleet() -> dict[str, Any]:
         Panel(
             "table",
             "Containers' CPUs on their GPU's NUMA node",
-            [Query("gpu_allocation_numa_aligned_ratio", instant=True)],
+            [Query("gpu_allocation_numa_aligned_ratio{" + NS + "}", instant=True)],
             "percentunit",
             width=24,
             description="Share of each container's exclusive CPUs (the kubelet's static CPU "
@@ -822,18 +826,17 @@ def health() -> dict[str, Any]:
             "Xids by class",
             [
                 Query(
-                    "sum by (class) (increase(gpu_xid_class_errors_total{"
+                    "sum by (class) (instance_class:gpu_xid_class_errors:rate5m{"
                     + INSTANCE
-                    + "}"
-                    + rate
-                    + "))",
+                    + "}) * 3600",
                     "{{class}}",
                 )
             ],
             "short",
             stack=True,
-            description="Counted Xids per interval (gpu_xid_class_errors_total starts at 0, "
-            "so the first Xid shows).",
+            description="Xids per hour by class on the nodes selected, a 5 min mean "
+            "(instance_class:gpu_xid_class_errors:rate5m, recorded per node: "
+            "gpu_xid_class_errors_total starts at 0, so the first Xid shows).",
         ),
         Panel(
             "table",

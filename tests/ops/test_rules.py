@@ -89,6 +89,10 @@ LEVEL_LABELS = {
     "instance": TARGET,
     "instance_reason": TARGET | {"reason"},
     "instance_domain": TARGET | {"domain"},
+    "instance_namespace": TARGET | {"namespace"},
+    "instance_queue": TARGET | {"namespace", "queue"},
+    "instance_class": TARGET | {"class"},
+    "instance_band": TARGET | {"band"},
 }
 IDENTITY_LABELS = {"model", "pci_bus_id", "driver_version", "mig_mode", "activity_source"}
 IDENTITY_LABELS |= {"idle_source", "persistence_mode", "compute_mode", "serial", "vbios_version"}
