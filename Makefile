@@ -64,8 +64,8 @@ N ?= 50
 fleet: $(STAMP)
 	$(BIN)/python -m demo.fleet --nodes $(N) $(ARGS)
 
-## fleet-sizing: the store's cost at 50, 150 and 300 replayed nodes, at defaults and with the detail
-## flags (VictoriaMetrics, vmagent, vmalert; about 35 min; ARGS='--sizes 600 --variants defaults')
+## fleet-sizing: the store's cost at 150, 300 and 600 replayed nodes, at defaults and with the detail
+## flags (VictoriaMetrics, vmagent, vmalert; about 45 min; ARGS='--sizes 600 --variants defaults')
 fleet-sizing: $(STAMP) system-deps
 	$(BIN)/python bench/fleet_sizing.py $(ARGS)
 

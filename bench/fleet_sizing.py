@@ -425,6 +425,27 @@ def table(cells: list[Cell], extrapolate: tuple[int, ...]) -> str:
     return "\n".join(lines)
 
 
+def group_table(cells: list[Cell]) -> str:
+    """Per rule group: its interval, then for each measured size its slowest evaluation on
+    vmalert and, after a slash, its rules run alone (seconds)."""
+    measured = [c for c in cells if c.groups]
+    names = sorted({name for c in measured for name in c.groups})
+    heads = [f"{c.variant} {c.nodes:,}" for c in measured]
+    lines = [
+        "| group | interval | " + " | ".join(heads) + " |",
+        "|---|---:|" + "---:|" * len(heads),
+    ]
+    for name in names:
+        interval = max((interval_s(c, name) for c in measured), default=0.0)
+        row = []
+        for cell in measured:
+            slowest = cell.groups.get(name, {}).get("max_s", 0.0)
+            alone = cell.group_work.get(name, {}).get("serial_s", 0.0)
+            row.append(f"{slowest:.2f} / {alone:.2f}")
+        lines.append(f"| `{name}` | {interval:.0f} s | " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
 def goals(cells: list[Cell]) -> list[str]:
     out = []
     for cell in cells:
@@ -481,14 +502,27 @@ async def run(args: argparse.Namespace) -> list[Cell]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", type=int, nargs="+", default=[50, 150, 300])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[150, 300, 600])
     parser.add_argument("--variants", nargs="+", default=["defaults", "detail"])
     parser.add_argument("--warmup", type=float, default=150.0, help="seconds before measuring")
     parser.add_argument("--window", type=float, default=180.0, help="seconds measured")
     parser.add_argument("--query-repeats", type=int, default=2, help="runs of each query")
     parser.add_argument("--extrapolate", type=int, nargs="*", default=[1000, 5000])
     parser.add_argument("--output", type=Path, default=ROOT / "bench/results/fleet-sizing.json")
+    parser.add_argument(
+        "--report",
+        type=Path,
+        nargs="+",
+        help="print the tables of earlier runs' JSON files, measuring nothing",
+    )
     args = parser.parse_args()
+    if args.report:
+        earlier = [Cell(**c) for path in args.report for c in json.loads(path.read_text())["cells"]]
+        print(table(earlier, tuple(args.extrapolate)))
+        print(group_table(earlier))
+        for line in goals(earlier):
+            print(line)
+        return 0
     for name in ("victoria-metrics", "vmagent", "vmalert"):
         path = find_binary(name)
         if path is None:
@@ -496,6 +530,7 @@ def main() -> int:
         setattr(args, name.replace("-", "_"), path)
     cells = asyncio.run(run(args))
     print(table(cells, tuple(args.extrapolate)))
+    print(group_table(cells))
     for line in goals(cells):
         print(line)
     for cell in cells:
@@ -516,6 +551,7 @@ def main() -> int:
             },
             "cells": [asdict(cell) for cell in cells],
             "table": table(cells, tuple(args.extrapolate)),
+            "groups": group_table(cells),
             "goals": goals(cells),
         },
     )
