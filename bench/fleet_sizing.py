@@ -151,9 +151,10 @@ def single_values(store: str, dashboard: dict[str, Any]) -> dict[str, str]:
     return values
 
 
-def dashboard_queries(store: str) -> list[tuple[str, str, str]]:
-    """(dashboard, panel, query) of every panel: Grafana's variables for a 1 h range, a node
-    chosen where the dashboard has no "All", every other selector "All"."""
+def dashboard_queries(store: str) -> list[tuple[str, str, str, bool]]:
+    """(dashboard, panel, query, instant) of every panel target: Grafana's variables for a 1 h
+    range, a node chosen where the dashboard has no "All", every other selector "All"; instant
+    for a table or stat that asks for the last value only, as Grafana sends it."""
     found = []
     for path in sorted(DASHBOARDS.glob("*.json")):
         dashboard = json.loads(path.read_text())
@@ -169,18 +170,24 @@ def dashboard_queries(store: str) -> list[tuple[str, str, str]]:
                 for name, value in chosen.items():
                     expr = expr.replace(f"${{{name}}}", value).replace(f"${name}", value)
                 expr = re.sub(r"\$\{?[A-Za-z_][A-Za-z0-9_]*\}?", ".*", expr)
-                found.append((path.stem, panel["title"], expr))
+                found.append((path.stem, panel["title"], expr, bool(target.get("instant"))))
     return found
 
 
 def time_queries(store: str, window_s: float, repeats: int = 3) -> list[tuple[float, str, str]]:
-    """(seconds, dashboard, panel) of every dashboard query, ``repeats`` times each."""
+    """(seconds, dashboard, panel) of every dashboard query, ``repeats`` times each: a range
+    query over the window, or an instant query where the panel asks for one."""
     end = time.time()
     timings = []
     for _ in range(repeats):
-        for dashboard, title, expr in dashboard_queries(store):
-            params = {"query": expr, "start": end - window_s, "end": end, "step": 15}
-            url = f"{store}/api/v1/query_range?" + urllib.parse.urlencode(params)
+        for dashboard, title, expr, instant in dashboard_queries(store):
+            if instant:
+                url = f"{store}/api/v1/query?" + urllib.parse.urlencode(
+                    {"query": expr, "time": end}
+                )
+            else:
+                params = {"query": expr, "start": end - window_s, "end": end, "step": 15}
+                url = f"{store}/api/v1/query_range?" + urllib.parse.urlencode(params)
             started = time.perf_counter()
             try:
                 http_json(url)

@@ -986,23 +986,29 @@ def health() -> dict[str, Any]:
             "Collector success",
             [
                 Query(
-                    "gpu_exporter_collector_success{" + INSTANCE + "}", "{{instance}} {{collector}}"
+                    "min by (collector) (gpu_exporter_collector_success{" + INSTANCE + "})",
+                    "{{collector}}",
                 )
             ],
             "bool",
             width=8,
+            description="Per collector, its worst node among those selected (0: a node's last "
+            "round failed; GPUExporterCollectorFailing names the node). One line per node and "
+            "collector would be thousands across a fleet: pick a node to see its own.",
         ),
         Panel(
             "timeseries",
             "Sample age",
             [
                 Query(
-                    "gpu_exporter_sample_age_seconds{" + INSTANCE + "}",
-                    "{{instance}} {{collector}}",
+                    "max by (collector) (gpu_exporter_sample_age_seconds{" + INSTANCE + "})",
+                    "{{collector}}",
                 )
             ],
             "s",
             width=8,
+            description="Per collector, its oldest sample among the nodes selected "
+            "(GPUExporterStaleSamples names the node past a minute): pick a node to see its own.",
         ),
     ]
     variables = _variables(
