@@ -198,7 +198,11 @@ def time_queries(store: str, window_s: float, repeats: int = 3) -> list[tuple[fl
 
 
 def group_durations(vmalert_url: str) -> dict[str, dict[str, float]]:
-    """Per rule group: vmalert's mean and slowest iteration over its summary window."""
+    """Per rule group: vmalert's mean iteration since its start and its slowest over its
+    summary's window (the last 5 minutes: with the default warm-up and window, the measured
+    window and the end of the warm-up, not the first evaluations, which meet a store still
+    registering every new series). Its rules API's per-rule evaluationTime is no measure: it
+    reads far above the group's own iteration time."""
     metrics = scrape_metrics(vmalert_url)
     groups: dict[str, dict[str, float]] = {}
     pattern = re.compile(r"vmalert_iteration_duration_seconds(_sum|_count|)\{(.*)\}")
@@ -220,27 +224,6 @@ def group_durations(vmalert_url: str) -> dict[str, dict[str, float]]:
         }
         for name, entry in sorted(groups.items())
     }
-
-
-def iterations(vmalert_url: str) -> dict[str, tuple[str, float]]:
-    """Per group: its last evaluation's time and duration (its rules' evaluation times added)."""
-    groups = http_json(f"{vmalert_url}/api/v1/rules")["data"]["groups"]
-    return {
-        group["name"]: (
-            max(str(rule.get("lastEvaluation", "")) for rule in group["rules"]),
-            sum(float(rule.get("evaluationTime", 0.0)) for rule in group["rules"]),
-        )
-        for group in groups
-    }
-
-
-async def watch_iterations(vmalert_url: str, seen: dict[str, dict[str, float]]) -> None:
-    """Every group's evaluations in the window, by their time: the window's slowest, not the
-    start-up's (the first evaluations meet a store registering every new series)."""
-    while True:
-        for name, (when, took) in (await asyncio.to_thread(iterations, vmalert_url)).items():
-            seen.setdefault(name, {})[when] = took
-        await asyncio.sleep(5.0)
 
 
 def slowest_rules(vmalert_url: str, count: int = 8) -> list[tuple[float, str, str]]:
@@ -340,14 +323,7 @@ async def measure(
         cell.load_average = [os.getloadavg()[0]]
         started = time.monotonic()
         print(f"[{variant} {nodes}] measuring {args.window:.0f}s", flush=True)
-        # Evaluations already reported when the window starts are the warm-up's.
-        warmup = {
-            n: {w: t} for n, (w, t) in (await asyncio.to_thread(iterations, vmalert.url)).items()
-        }
-        seen: dict[str, dict[str, float]] = {}
-        watcher = asyncio.create_task(watch_iterations(vmalert.url, seen))
         await asyncio.sleep(args.window)
-        watcher.cancel()
         elapsed = time.monotonic() - started
         cell.load_average.append(os.getloadavg()[0])
         after = await asyncio.to_thread(scrape_metrics, store.url)
@@ -358,11 +334,6 @@ async def measure(
         cell.store_rss_mib = proc_status_kib(store.process.pid, "VmRSS") / 1024
         cell.vmagent_rss_mib = proc_status_kib(vmagent.process.pid, "VmRSS") / 1024
         cell.groups = await asyncio.to_thread(group_durations, vmalert.url)
-        for name, found in seen.items():
-            window = [t for w, t in found.items() if w not in warmup.get(name, {})]
-            if name in cell.groups and window:
-                cell.groups[name]["window_max_s"] = max(window)
-                cell.groups[name]["window_runs"] = float(len(window))
         cell.slowest_rules = await asyncio.to_thread(slowest_rules, vmalert.url)
         for process in (store, vmagent, vmalert):
             if not process.alive():
@@ -413,15 +384,9 @@ def limit_s(cell: Cell, group: str) -> float:
     return interval_s(cell, group) / 5
 
 
-def slowest_s(group: dict[str, float]) -> float:
-    """A group's slowest evaluation in the measured window where the run watched it, else
-    vmalert's slowest since its start (warm-up included)."""
-    return group.get("window_max_s", group["max_s"])
-
-
 def worst_share(cell: Cell) -> float:
     """The largest evaluation time of a group as a share of its interval (goal: 0.2)."""
-    return max((slowest_s(g) / interval_s(cell, n) for n, g in cell.groups.items()), default=0.0)
+    return max((g["max_s"] / interval_s(cell, n) for n, g in cell.groups.items()), default=0.0)
 
 
 def slowest_alone(cell: Cell) -> float:
@@ -442,7 +407,7 @@ COLUMNS: tuple[tuple[str, str, Any, bool], ...] = (
     (
         "slowest group s",
         "{:.2f}",
-        lambda c: max((slowest_s(g) for g in c.groups.values()), default=0),
+        lambda c: max((g["max_s"] for g in c.groups.values()), default=0),
         True,
     ),
     ("worst group / interval", "{:.2f}", worst_share, True),
@@ -485,7 +450,7 @@ def group_table(cells: list[Cell]) -> str:
         interval = max((interval_s(c, name) for c in measured), default=0.0)
         row = []
         for cell in measured:
-            slowest = slowest_s(cell.groups.get(name, {"max_s": 0.0}))
+            slowest = cell.groups.get(name, {}).get("max_s", 0.0)
             alone = cell.group_work.get(name, {}).get("serial_s", 0.0)
             row.append(f"{slowest:.2f} / {alone:.2f}")
         lines.append(f"| `{name}` | {interval:.0f} s | " + " | ".join(row) + " |")
@@ -496,10 +461,10 @@ def goals(cells: list[Cell]) -> list[str]:
     out = []
     for cell in cells:
         slow = {
-            name: f"{slowest_s(group):.1f}s of {limit_s(cell, name):.0f}s (alone: "
+            name: f"{group['max_s']:.1f}s of {limit_s(cell, name):.0f}s (alone: "
             f"{cell.group_work.get(name, {}).get('serial_s', 0.0):.1f}s)"
             for name, group in cell.groups.items()
-            if slowest_s(group) > limit_s(cell, name)
+            if group["max_s"] > limit_s(cell, name)
         }
         queries = [(round(t, 3), d, p) for t, d, p in cell.slowest_queries if t > QUERY_LIMIT_S]
         verdict = "met" if not slow and not queries else "MISSED"
