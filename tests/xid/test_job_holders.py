@@ -111,7 +111,7 @@ def test_a_jobs_series_leaves_after_the_retention_and_its_class_total_stays(
     assert set(core.published.counts) == {JOB_XID._replace(job_id="")}, (
         "the job's series is bounded as a pod's is; the unattributed one stays"
     )
-    assert core.published.class_counts[("0", GPU0.uuid, "application")] == 2
+    assert core.published.class_counts[("", "", "application")] == 2
     assert set(job_core(state_dir, clock).published.counts) == {JOB_XID._replace(job_id="")}
 
 

@@ -156,10 +156,16 @@ async def test_against_the_simulator(tmp_path: Path) -> None:
         assert migs is not None
         mig_instance = migs[1].gpu_instance_id
         assert value(xid, "gpu_xid_errors_total", uuid=by_gi[mig_instance], xid="31") == 1
-        # The instance's Xid counts on its GPU's class counter, the one increase() watches.
+        # An instance's application Xid counts on the node's class counter (with GPU 0's 13), the
+        # one increase() watches; a hardware Xid on an instance counts on its GPU.
+        application = {"gpu": "", "uuid": "", "class": "application"}
+        assert value(xid, "gpu_xid_class_errors_total", **application) == 2
+        node.inject({"type": "xid", "gpu": 2, "mig": 1, "code": 48, "delivery": "nvml"})
+        await wait_until(lambda: xid_count(xid) == 5)
         parent = gpus[2].device.uuid
-        application = {"class": "application"}
-        assert value(xid, "gpu_xid_class_errors_total", uuid=parent, **application) == 1
+        hardware = {"class": "hardware"}
+        assert value(xid, "gpu_xid_class_errors_total", uuid=parent, **hardware) == 1
+        assert value(xid, "gpu_xid_class_errors_total", gpu="1", **hardware) == 2  # 48 and 79
         assert value(xid, "gpu_xid_class_errors_total", uuid=by_gi[mig_instance]) is None
     finally:
         if xid is not None:

@@ -41,7 +41,8 @@ def test_a_state_dir_written_before_typed_ops_loads_whole(tmp_path: Path) -> Non
         CountKey("1", "GPU-1111", "31", "application", "restart_app", "", ""): 1.0,
         CountKey("0", "GPU-0000", "79", "hardware", "reset_gpu", "ml", "trainer"): 1.0,
     }
-    assert state.expired == {("0", "GPU-0000", "application"): 1.0}
+    # That version kept every class per GPU; only hardware Xids are counted per GPU now.
+    assert state.expired == {("", "", "application"): 1.0}
     assert state.sxid_counts == {("0", "0000:05:00.0", "12028", "non_fatal"): 1.0}
     assert {uuid: set(reasons) for uuid, reasons in state.latches.items()} == {
         "GPU-1111": {"hardware_xid"}

@@ -66,7 +66,7 @@ def pods(core: XidCore) -> dict[str, float]:
 
 
 def application_total(core: XidCore) -> float:
-    return core.published.class_counts[("0", GPU.uuid, "application")]
+    return core.published.class_counts[("", "", "application")]  # counted once per node
 
 
 def test_a_pods_series_expires_after_the_retention_and_its_class_total_stays(
@@ -141,7 +141,41 @@ def test_a_snapshot_from_before_retention_takes_each_codes_latest_event() -> Non
     loaded = XidState.from_snapshot(old)
     assert loaded.expirable(T0 + 1) == [CountKey(*labels)]
     assert loaded.expirable(T0) == []
-    assert loaded.class_totals() == {("0", GPU.uuid, "application"): 1.0}
+    assert loaded.class_totals() == {("", "", "application"): 1.0}
+
+
+def test_a_snapshot_with_per_gpu_classes_folds_them_into_the_nodes_count() -> None:
+    """A previous version kept every class's expired count per GPU; hardware stays per GPU (the
+    card's lifetime count), the other classes add up into the node's."""
+    old = XidState().to_snapshot()
+    old["expired"] = [
+        ["0", "GPU-0000", "application", 2.0],
+        ["1", "GPU-1111", "application", 3.0],
+        ["1", "GPU-1111", "driver", 1.0],
+        ["1", "GPU-1111", "hardware", 4.0],
+    ]
+    state = XidState()
+    state.apply(
+        {
+            "op": "count",
+            "l": ["0", GPU.uuid, "13", "application", "restart_app", "", ""],
+            "w": T0,
+            "r": [1, GPU.uuid, ["kmsg"]],
+        }
+    )
+    old["counts"] = state.to_snapshot()["counts"]
+
+    loaded = XidState.from_snapshot(old)
+    assert loaded.expired == {
+        ("", "", "application"): 5.0,
+        ("", "", "driver"): 1.0,
+        ("1", "GPU-1111", "hardware"): 4.0,
+    }
+    assert loaded.class_totals() == {
+        ("", "", "application"): 6.0,
+        ("", "", "driver"): 1.0,
+        ("1", "GPU-1111", "hardware"): 4.0,
+    }, "a live pod series' count joins its class's node count"
 
 
 async def test_the_subsystem_expires_pod_series_on_its_own(make_subsystem: Make) -> None:
@@ -159,6 +193,7 @@ async def test_the_subsystem_expires_pod_series_on_its_own(make_subsystem: Make)
         assert value(subsystem, "gpu_xid_errors_total", pod="train-1") == 1
         clock.now = T0 + RETENTION + 1
         await wait_until(lambda: value(subsystem, "gpu_xid_errors_total", pod="train-1") is None)
-        assert value(subsystem, "gpu_xid_class_errors_total", gpu="0", **{"class": "application"})
+        node_wide = {"gpu": "", "uuid": "", "class": "application"}
+        assert value(subsystem, "gpu_xid_class_errors_total", **node_wide) == 1
     finally:
         await subsystem.stop()

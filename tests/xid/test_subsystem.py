@@ -43,9 +43,12 @@ async def test_live_record_appears_within_a_second(make_subsystem: Make, kmsg: K
         assert value(xid, "gpu_xid_errors_total", **labels, **{"class": "application"}) == 1
         assert 'action="restart_app"' in exposition(xid)
         assert value(xid, "gpu_xid_last_timestamp_seconds", gpu="0", xid="13") is not None
-        # Counters for the other classes are published at 0 so increase() sees a first Xid.
+        # Counters for the other classes are published at 0 so increase() sees a first Xid:
+        # hardware per GPU, the other classes once per node (gpu and uuid empty).
         assert value(xid, "gpu_xid_class_errors_total", gpu="0", **{"class": "hardware"}) == 0
-        assert value(xid, "gpu_xid_class_errors_total", gpu="0", **{"class": "application"}) == 1
+        node_wide = {"gpu": "", "uuid": "", "class": "application"}
+        assert value(xid, "gpu_xid_class_errors_total", **node_wide) == 1
+        assert value(xid, "gpu_xid_class_errors_total", gpu="0", **{"class": "driver"}) is None
     finally:
         await xid.stop()
 

@@ -13,7 +13,7 @@ from .classes import CLASSES
 from .core import IGNORED_REASONS, SOURCE_KMSG, SOURCE_NVML, Published
 from .nvml_events import Inventory
 from .ops import CountKey
-from .state import REASONS
+from .state import REASONS, class_key
 
 XID_ERRORS = counter(
     "gpu_xid_errors_total",
@@ -23,8 +23,9 @@ XID_ERRORS = counter(
 )
 XID_CLASS_ERRORS = counter(
     "gpu_xid_class_errors_total",
-    "Xid errors by GPU and class (a MIG instance's count on its GPU); every class is published "
-    "at 0 for every GPU so that increase() sees the first Xid.",
+    "Xid errors by class: hardware per GPU (a MIG instance's count on its GPU), every other "
+    "class once per node with gpu and uuid empty; all published from 0 so that increase() sees "
+    "the first Xid.",
 )
 XID_LAST = gauge(
     "gpu_xid_last_timestamp_seconds",
@@ -158,14 +159,15 @@ def _count_labels(key: CountKey) -> str:
 
 
 def _class_samples(published: Published, inventory: Inventory) -> list[Sample]:
-    """Per GPU and class. A MIG instance's Xids count on its GPU (``gpu_xid_errors_total`` names
-    the instance), so the zeros that let ``increase()`` see a first Xid are one per GPU and
-    class, not one per MIG instance too: on a node of 8 GPUs in 7 instances each, 40 series
-    instead of 320."""
+    """Hardware Xids per GPU (a MIG instance's count on its GPU: ``gpu_xid_errors_total`` names
+    the instance), every other class once per node with ``gpu`` and ``uuid`` empty: every reader
+    sums by class, and a card's lifetime hardware count is the one a GPU's own series must keep.
+    All are published from 0 so that ``increase()`` sees the first Xid: on a node of 8 GPUs,
+    8 + 4 series instead of 40 (320 more on one split into 7 MIG instances each)."""
     parents = {uuid: device.parent_uuid for uuid, device in inventory.by_uuid.items()}
     gpu_by_index = {str(device.id.index): device.uuid for device in inventory.gpus}
     totals = {
-        (str(device.id.index), device.uuid, xid_class): 0.0
+        class_key(str(device.id.index), device.uuid, xid_class): 0.0
         for device in inventory.gpus
         for xid_class in CLASSES
     }
@@ -173,7 +175,7 @@ def _class_samples(published: Published, inventory: Inventory) -> list[Sample]:
         # An instance no longer in the inventory (MIG reconfigured) still counts on its GPU.
         if uuid.startswith("MIG-"):
             uuid = parents.get(uuid) or gpu_by_index.get(gpu) or uuid
-        key = (gpu, uuid, xid_class)
+        key = class_key(gpu, uuid, xid_class)
         totals[key] = totals.get(key, 0.0) + count
     return [
         Sample(

@@ -41,8 +41,12 @@ from .ops import (
 
 # (gpu, uuid, xid, class): the labels of gpu_xid_last_timestamp_seconds.
 LastKey = tuple[str, str, str, str]
-# (gpu, uuid, class): the labels of gpu_xid_class_errors_total.
+# (gpu, uuid, class): the labels of gpu_xid_class_errors_total; gpu and uuid are empty outside
+# the per-GPU class (see :func:`class_key`).
 ClassKey = tuple[str, str, str]
+# A GPU's lifetime count of hardware Xids is a property of the card (RMA decisions): that class
+# is counted per GPU; every other class once per node, which is what every reader sums anyway.
+PER_GPU_CLASS = "hardware"
 
 REASONS = ("hardware_xid", "row_remap_failure", "device_lost")
 RECENT_HORIZON_S = 3600.0  # older events cannot have a twin still to come
@@ -163,10 +167,11 @@ class XidState:
         return [key for key, when in self.sxid_last.items() if when < before]
 
     def class_totals(self) -> dict[ClassKey, float]:
-        """Xids counted per (gpu, uuid, class), expired pod series included."""
+        """Xids counted per class (per GPU for hardware, see :func:`class_key`), expired pod
+        series included."""
         totals = dict(self.expired)
         for labels, value in self.counts.items():
-            key = (labels.gpu, labels.uuid, labels.xid_class)
+            key = class_key(labels.gpu, labels.uuid, labels.xid_class)
             totals[key] = totals.get(key, 0.0) + value
         return totals
 
@@ -240,7 +245,7 @@ class XidState:
         self.count_last.pop(labels, None)
         value = self.counts.pop(labels, 0.0)
         if value:
-            key = (labels.gpu, labels.uuid, labels.xid_class)
+            key = class_key(labels.gpu, labels.uuid, labels.xid_class)
             self.expired[key] = self.expired.get(key, 0.0) + value
 
     def _latch(self, op: SetLatch | ClearLatch) -> None:
@@ -367,8 +372,10 @@ class XidState:
             state.count_last[count_key(row[:7], row[7])] = float(row[8])
         for key in state.counts:
             state.count_last.setdefault(key, state.last_seen.get(key[:4], 0.0))
+        # A previous version kept every class per GPU: those rows add up into the node's count.
         for gpu, uuid, xid_class, value in data.get("expired", ()):
-            state.expired[(str(gpu), str(uuid), str(xid_class))] = float(value)
+            counted_at = class_key(str(gpu), str(uuid), str(xid_class))
+            state.expired[counted_at] = state.expired.get(counted_at, 0.0) + float(value)
         for switch, bus_id, sxid, severity, value in data.get("sxid_counts", ()):
             state.sxid_counts[(str(switch), str(bus_id), str(sxid), str(severity))] = float(value)
         for switch, bus_id, sxid, severity, value in data.get("sxid_last", ()):
@@ -383,6 +390,14 @@ class XidState:
         for uuid, reasons in self.latches.items():
             for reason, latch in reasons.items():
                 yield uuid, reason, latch
+
+
+def class_key(gpu: str, uuid: str, xid_class: str) -> ClassKey:
+    """Where an Xid of this class on this device is counted: on its GPU for hardware Xids, on
+    the node (empty gpu and uuid) for the other classes."""
+    if xid_class == PER_GPU_CLASS:
+        return (gpu, uuid, xid_class)
+    return ("", "", xid_class)
 
 
 def _rows(table: Mapping[CountKey, float], *, jobs: bool) -> list[list[Any]]:
