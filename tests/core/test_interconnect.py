@@ -22,21 +22,19 @@ async def test_an_h100_reports_its_18_links_and_sums_errors_and_traffic_over_the
         await sim.slow_round()
         await sim.fast_round()
         sim.inject({"type": "nvlink_errors", "gpu": 0, "link": [3, 7], "crc_flit": 5, "replay": 2})
+        sim.inject({"type": "nvlink_errors", "gpu": 0, "link": 3, "crc_data": 1})
         start = await sim.fast_round()
         end = await sim.fast_round()
     assert one(end, "gpu_nvlink_links", gpu="0", state="active") == 18
     assert not select(end, "gpu_nvlink_links", state="inactive"), "none down: nothing to count"
     assert select(end, "gpu_nvlink_link_active") == {}, "links that are up are a count, not named"
-    assert one(end, "gpu_nvlink_errors_total", gpu="0", type="crc_flit") == 10, (
-        "5 on each of 2 links"
+    assert one(end, "gpu_nvlink_errors_total", gpu="0", type="crc") == 11, (
+        "5 flit CRC errors on each of 2 links and 1 data CRC error: one CRC count per GPU"
     )
     assert one(end, "gpu_nvlink_errors_total", gpu="0", type="replay") == 4
-    assert one(end, "gpu_nvlink_errors_total", gpu="1", type="crc_flit") == 0, (
-        "the other GPU is clean"
-    )
+    assert one(end, "gpu_nvlink_errors_total", gpu="1", type="crc") == 0, "the other GPU is clean"
     assert {dict(k)["type"] for k in select(end, "gpu_nvlink_errors_total", gpu="0")} == {
-        "crc_flit",
-        "crc_data",
+        "crc",
         "replay",
         "recovery",
         "ecc",
@@ -80,11 +78,14 @@ async def test_per_link_mode_labels_errors_and_traffic_by_link() -> None:
     async with simulated_sampler(BUSY_H100, "--collector.nvlink.per-link") as sim:
         await sim.slow_round()
         await sim.fast_round()
-        sim.inject({"type": "nvlink_errors", "gpu": 0, "link": 3, "crc_data": 7})
+        sim.inject({"type": "nvlink_errors", "gpu": 0, "link": 3, "crc_data": 7, "crc_flit": 2})
         await sim.fast_round()
         series = await sim.slow_round()
+    # Per link, the flit and data CRC counters stay apart: the detail the flag is for.
     assert one(series, "gpu_nvlink_errors_total", gpu="0", link="3", type="crc_data") == 7
+    assert one(series, "gpu_nvlink_errors_total", gpu="0", link="3", type="crc_flit") == 2
     assert one(series, "gpu_nvlink_errors_total", gpu="0", link="4", type="crc_data") == 0
+    assert not select(series, "gpu_nvlink_errors_total", type="crc")
     assert len(select(series, "gpu_nvlink_transmit_bytes_total", gpu="0")) == 18
     assert not select(series, "gpu_nvlink_errors_total", gpu="0", type="crc_data").keys() - {
         k for k in select(series, "gpu_nvlink_errors_total", gpu="0") if "link" in dict(k)

@@ -41,8 +41,9 @@ LINK_ACTIVE = gauge(
 _ACTIVE_LABELS = label_string({"state": "active"})
 ERRORS = counter(
     "gpu_nvlink_errors_total",
-    "NVLink errors by type (crc_flit, crc_data, replay, recovery, ecc; NVLink5 types on "
-    "Blackwell), summed over the GPU's links unless per-link.",
+    "NVLink errors by type (crc: flit and data CRC errors together, replay, recovery, ecc; "
+    "NVLink5 types on Blackwell), summed over the GPU's links; per link with per-link, where "
+    "crc_flit and crc_data stay apart.",
 )
 TRANSMIT = counter(
     "gpu_nvlink_transmit_bytes_total", "Data transmitted over the GPU's NVLink links, in bytes."
@@ -63,6 +64,11 @@ DL_COUNTERS = (
     ("crc_data", pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA),
     ("ecc", pynvml.NVML_NVLINK_ERROR_DL_ECC_DATA),
 )
+
+
+# Summed per GPU, the flit and data CRC errors are one signal (the interconnect alert adds them
+# up): one series; per link (--collector.nvlink.per-link) they stay apart, as the detail.
+SUMMED_TYPES = {"crc_flit": "crc", "crc_data": "crc"}
 
 
 def _type_labels(kind: str, link: int | None = None) -> str:
@@ -139,6 +145,7 @@ class InterconnectCollector(Collector):
         assert self._links is not None
         seen: set[str] = set()
         answered: list[CounterField] = []
+        totals: dict[str, float] = {}  # per GPU, by the series' type
         for row in self._errors:
             if row.type in seen or (self._per_link and not row.per_link):
                 continue  # per-link DL counters come from the nvlink_state collector
@@ -153,12 +160,14 @@ class InterconnectCollector(Collector):
                     for link, value in per_link.items():
                         out.add(ERRORS, value, self._label(row.type, link))
                 else:
-                    out.add(ERRORS, sum(per_link.values()), self._label(row.type, None))
+                    _add(totals, row.type, sum(per_link.values()))
             elif (total := values.get(row.field_id)) is not None:
                 seen.add(row.type)
-                out.add(ERRORS, total, self._label(row.type, None))
+                _add(totals, row.type, total)
             else:
                 answered.pop()
+        for kind, total in totals.items():
+            out.add(ERRORS, total, self._label(kind, None))
         # The rows that answered on the first read are the device's set (legacy DL totals or
         # NVLink5 counters): later rounds do not look for the other set's 90 per-link values.
         if seen and self._first_errors:
@@ -187,6 +196,11 @@ class InterconnectCollector(Collector):
         if key not in self._labels:
             self._labels[key] = _type_labels(kind, link)
         return self._labels[key]
+
+
+def _add(totals: dict[str, float], field_type: str, value: float) -> None:
+    kind = SUMMED_TYPES.get(field_type, field_type)
+    totals[kind] = totals.get(kind, 0.0) + value
 
 
 class NvLinkStateCollector(Collector):
