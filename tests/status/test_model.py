@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import textwrap
 
+from gpu_exporter.exposition import Exposition
 from gpu_exporter.http.status import NodeStatus, UnheldProcess, build_status
+from gpu_exporter.http.status.cache import StatusPage
 from gpu_exporter.http.status.page import render_html
 from gpu_exporter.http.status.reader import read_exposition
 
@@ -179,3 +181,28 @@ def test_a_slurm_jobs_xid_names_the_job_among_the_holders() -> None:
         read_exposition(exposition), version="0.1.0", ready=True, healthy=True, problems=()
     )
     assert node.xids[0].pods == ("job 4242",)
+
+
+class _StillView:
+    """A sampler whose last render does not change (the next round's is still on its thread)."""
+
+    def __init__(self) -> None:
+        self.exposition = Exposition(text=EXPOSITION.encode(), openmetrics=b"")
+        self.ready = True
+
+    def healthy(self) -> bool:
+        return True
+
+    def problems(self) -> list[str]:
+        return []
+
+
+def test_a_process_scan_between_renders_reaches_the_page_without_a_new_render() -> None:
+    scans: list[dict[str, tuple[UnheldProcess, ...]]] = [{}]
+    page = StatusPage(_StillView(), "0.1.0", lambda: scans[-1])
+    (gpu1,) = [d for d in page.status().devices if d.uuid == GPU1]
+    assert gpu1.processes == ()
+    scans.append({GPU1: (UnheldProcess(4343, "gone", "python3", "ml", "old-job", 2**30),)})
+    (gpu1,) = [d for d in page.status().devices if d.uuid == GPU1]
+    assert [p.pid for p in gpu1.processes] == [4343], "the page kept the scan before the last"
+    assert b"old-job" in page.json(), "the JSON was built from the page before the scan"

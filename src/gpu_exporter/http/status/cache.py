@@ -1,4 +1,4 @@
-"""One status render per exposition render, whatever the number of viewers."""
+"""One status render per exposition render or process scan, whatever the number of viewers."""
 
 from __future__ import annotations
 
@@ -29,8 +29,9 @@ class StatusView(Protocol):
 
 
 class StatusPage:
-    """Builds the page from the sampler's last exposition and keeps it until the next render or
-    a change of health; the HTML for each ``refresh`` value asked for is kept alongside."""
+    """Builds the page from the sampler's last exposition and keeps it until the next render, a
+    change of health or a new process scan; the HTML for each ``refresh`` value asked for is kept
+    alongside."""
 
     def __init__(
         self,
@@ -52,7 +53,10 @@ class StatusPage:
     def status(self) -> NodeStatus:
         view = self._view
         exposition = view.exposition
-        key = (view.ready, view.healthy(), tuple(view.problems()))
+        # The processes are part of the key: a scan lands between renders (and a round's render
+        # may still be on its thread), so the last render's page would show the scan before.
+        processes = self._processes() if self._processes is not None else None
+        key = (view.ready, view.healthy(), tuple(view.problems()), processes)
         if self._status is None or exposition is not self._exposition or key != self._key:
             self._status = build_status(
                 read_exposition((exposition.text + exposition.unserved).decode()),
@@ -60,7 +64,7 @@ class StatusPage:
                 ready=key[0],
                 healthy=key[1],
                 problems=key[2],
-                processes=self._processes() if self._processes is not None else None,
+                processes=processes,
             )
             self._exposition, self._key, self._html, self._json = exposition, key, {}, b""
         return self._status
