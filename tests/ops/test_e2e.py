@@ -16,7 +16,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import aiohttp
 import pytest
@@ -57,6 +57,7 @@ from .incidents import (
     ksm_scrape_config,
     kube_state_metrics,
 )
+from .promquery import PrometheusQueries
 from .webhook import Webhook
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -98,7 +99,7 @@ ALLOCATION_METRICS = (
 
 
 @dataclass
-class Stack:
+class Stack(PrometheusQueries):
     exporters: dict[str, ExporterProcess]
     prometheus: PrometheusProcess
     alertmanager: AlertmanagerProcess
@@ -107,28 +108,7 @@ class Stack:
     xid_wired: bool
     allocation_wired: bool
 
-    async def query(self, expr: str) -> list[dict[str, Any]]:
-        async with self.session.get(
-            f"{self.prometheus.url}/api/v1/query", params={"query": expr}
-        ) as response:
-            body = await response.json()
-        if body.get("status") != "success":
-            raise ValueError(f"{expr!r}: {body.get('errorType')}: {body.get('error')}")
-        result = body["data"]["result"]
-        return list(result) if isinstance(result, list) else [{"value": result}]
-
-    async def eventually(
-        self, expr: str, ok: Callable[[list[dict[str, Any]]], bool], what: str
-    ) -> list[dict[str, Any]]:
-        """Poll an instant query until ``ok(result)`` (bounded: processes cannot be awaited)."""
-        deadline = time.monotonic() + DEADLINE
-        result: list[dict[str, Any]] = []
-        while time.monotonic() < deadline:
-            result = await self.query(expr)
-            if ok(result):
-                return result
-            await asyncio.sleep(0.5)
-        pytest.fail(f"{what}: {expr} -> {result} after {DEADLINE:.0f}s\n{self.diagnostics()}")
+    deadline: ClassVar[float] = DEADLINE
 
     def diagnostics(self) -> str:
         parts = [f"--- {p.name}\n{p.output(15)}" for p in (self.prometheus, self.alertmanager)]

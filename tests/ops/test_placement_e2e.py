@@ -9,11 +9,10 @@ from __future__ import annotations
 import asyncio
 import shutil
 import tempfile
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import aiohttp
 import pytest
@@ -32,6 +31,7 @@ from demo.stack import (
 )
 
 from tests.conftest import require_binary
+from tests.ops.promquery import PrometheusQueries
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -40,31 +40,15 @@ DEADLINE = 60.0
 
 
 @dataclass
-class Stack:
+class Stack(PrometheusQueries):
     prometheus: PrometheusProcess
     exporters: list[ExporterProcess]
     session: aiohttp.ClientSession
 
-    async def query(self, expr: str) -> list[dict[str, Any]]:
-        url = f"{self.prometheus.url}/api/v1/query"
-        async with self.session.get(url, params={"query": expr}) as response:
-            body = await response.json()
-        assert body.get("status") == "success", f"{expr}: {body}"
-        return list(body["data"]["result"])
+    deadline: ClassVar[float] = DEADLINE
 
-    async def eventually(
-        self, expr: str, ok: Callable[[list[dict[str, Any]]], bool], what: str
-    ) -> list[dict[str, Any]]:
-        """Poll an instant query until ``ok`` (bounded: processes cannot be awaited)."""
-        deadline = time.monotonic() + DEADLINE
-        result: list[dict[str, Any]] = []
-        while time.monotonic() < deadline:
-            result = await self.query(expr)
-            if ok(result):
-                return result
-            await asyncio.sleep(0.5)
-        logs = "\n".join(f"--- {e.name}\n{e.output(10)}" for e in self.exporters)
-        pytest.fail(f"{what}: {expr} -> {result} after {DEADLINE:.0f}s\n{logs}")
+    def diagnostics(self) -> str:
+        return "\n".join(f"--- {e.name}\n{e.output(10)}" for e in self.exporters)
 
     async def firing(self, alert: str) -> list[dict[str, str]]:
         result = await self.query(f'ALERTS{{alertname="{alert}",alertstate="firing"}}')

@@ -22,11 +22,10 @@ from __future__ import annotations
 import asyncio
 import shutil
 import tempfile
-import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import aiohttp
 import pytest
@@ -50,6 +49,7 @@ from demo.stack import (
 from tests.conftest import require_binary
 
 from .helpers import alertmanager_binary
+from .promquery import PrometheusQueries
 from .webhook import Webhook
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -81,36 +81,20 @@ SSH_JOB = {
 
 
 @dataclass
-class Stack:
+class Stack(PrometheusQueries):
     exporter: ExporterProcess
     prometheus: PrometheusProcess
     alertmanager: AlertmanagerProcess
     webhook: Webhook
     session: aiohttp.ClientSession
 
-    async def query(self, expr: str) -> list[dict[str, Any]]:
-        url = f"{self.prometheus.url}/api/v1/query"
-        async with self.session.get(url, params={"query": expr}) as response:
-            body = await response.json()
-        assert body.get("status") == "success", f"{expr}: {body}"
-        return list(body["data"]["result"])
+    deadline: ClassVar[float] = DEADLINE
 
-    async def eventually(
-        self, expr: str, ok: Callable[[list[dict[str, Any]]], bool], what: str
-    ) -> list[dict[str, Any]]:
-        """Poll an instant query until ``ok`` (bounded: processes cannot be awaited)."""
-        deadline = time.monotonic() + DEADLINE
-        result: list[dict[str, Any]] = []
-        while time.monotonic() < deadline:
-            result = await self.query(expr)
-            if ok(result):
-                return result
-            await asyncio.sleep(0.5)
-        logs = "\n".join(
+    def diagnostics(self) -> str:
+        return "\n".join(
             f"--- {p.name}\n{p.output(15)}"
             for p in (self.exporter, self.prometheus, self.alertmanager)
         )
-        pytest.fail(f"{what}: {expr} -> {result} after {DEADLINE:.0f}s\n{logs}")
 
     async def ever(self, alert: str, state: str) -> list[dict[str, str]]:
         """The label sets ``alert`` has had in ``state`` since the stack started."""
