@@ -225,6 +225,16 @@ class ChildProcess:
         return self.process.returncode
 
 
+class LoopbackServer(ChildProcess):
+    """A child process serving HTTP on a loopback port it was given (``port``)."""
+
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
 class ExporterProcess:
     """``gpu-exporter --simulate SCENARIO`` on an ephemeral loopback port."""
 
@@ -320,7 +330,7 @@ class ExporterProcess:
         return self.process.returncode
 
 
-class PrometheusProcess(ChildProcess):
+class PrometheusProcess(LoopbackServer):
     name = "prometheus"
 
     def __init__(
@@ -342,12 +352,8 @@ class PrometheusProcess(ChildProcess):
             workdir / "prometheus.log",
         )
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
-
-class AlertmanagerProcess(ChildProcess):
+class AlertmanagerProcess(LoopbackServer):
     name = "alertmanager"
 
     def __init__(
@@ -369,12 +375,8 @@ class AlertmanagerProcess(ChildProcess):
             workdir / "alertmanager.log",
         )
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
-
-class VictoriaMetricsProcess(ChildProcess):
+class VictoriaMetricsProcess(LoopbackServer):
     """VictoriaMetrics single-node: remote-write receiver and query API on one port.
 
     ``latency_offset`` is how long the newest samples stay hidden from queries (VictoriaMetrics'
@@ -407,12 +409,8 @@ class VictoriaMetricsProcess(ChildProcess):
             workdir / "victoria-metrics.log",
         )
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
-
-class VmagentProcess(ChildProcess):
+class VmagentProcess(LoopbackServer):
     """vmagent scraping a Prometheus-style scrape config and remote-writing to ``write_url``."""
 
     name = "vmagent"
@@ -443,12 +441,8 @@ class VmagentProcess(ChildProcess):
             workdir / "vmagent.log",
         )
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
-
-class VmalertProcess(ChildProcess):
+class VmalertProcess(LoopbackServer):
     """vmalert evaluating ``rule_files`` against VictoriaMetrics at ``store_url``, writing recorded
     series and alert state back to it and sending alerts to ``notifier_url``."""
 
@@ -482,10 +476,6 @@ class VmalertProcess(ChildProcess):
             ],
             workdir / "vmalert.log",
         )
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
 
 def without_keep_firing_for(doc: Mapping[str, Any]) -> dict[str, Any]:
