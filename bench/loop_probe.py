@@ -12,7 +12,8 @@ schedules it, before the CLI's ``asyncio.run`` runs anything on that loop. Produ
 no hook for it. Each SIGUSR2 writes the lateness since the previous one (or since the start) as
 JSON to ``$BENCH_LOOP_LAG`` (atomically, with a sequence number) and starts a new distribution;
 the last one is written when the loop shuts down. The bench sends one after the warm-up, to
-discard the start, and one at the end of its window.
+discard the start, and one at the end of its window. Each dump also counts the garbage
+collections of each generation over its window (``collections``).
 
 The lateness is kept as a histogram of 0.1 ms buckets (a few hundred integers at most), so the
 probe adds nothing measurable to the process's memory; its CPU (100 wake-ups a second) is why
@@ -242,6 +243,7 @@ class Probe:
         self.interval_s = interval_s
         self.trace = trace
         self.histogram = LagHistogram()
+        self.collections = _collections()
         self.seq = 0
 
     async def run(self) -> None:
@@ -267,13 +269,25 @@ class Probe:
         """Write the distribution since the last dump and start a new one."""
         self.seq += 1
         data = {"seq": self.seq, **self.histogram.summary(self.interval_s)}
-        self.histogram = LagHistogram(self.histogram.resolution_ms)
+        collections = _collections()
+        data["collections"] = {
+            str(generation): n - self.collections[generation]
+            for generation, n in enumerate(collections)
+        }
+        self.histogram, self.collections = LagHistogram(self.histogram.resolution_ms), collections
         if self.trace is not None:  # first: whoever sees the new sequence finds its trace written
             self.trace.dump(self.seq)
         if self.target is not None:
             tmp = self.target.with_name(self.target.name + ".tmp")
             tmp.write_text(json.dumps(data))
             os.replace(tmp, self.target)
+
+
+def _collections() -> list[int]:
+    """Garbage collections per generation since the process started (free to read: the
+    interpreter counts them anyway). A full (generation 2) collection traverses every tracked
+    object, the imported modules' included, so it is the longest pause the loop can meet."""
+    return [generation["collections"] for generation in gc.get_stats()]
 
 
 class ProbedLoopPolicy(asyncio.DefaultEventLoopPolicy):

@@ -618,8 +618,15 @@ def stall_line(stall: dict[str, Any]) -> str:
         f" ({lag['wakeups']} wake-ups of a {lag['interval_ms']:g} ms timer; at least 5 / 10 /"
         f" 20 ms late: {lag['at_least_ms']['5']} / {lag['at_least_ms']['10']} /"
         f" {lag['at_least_ms']['20']}); scrapes p50 {scrapes['p50_ms']:.2f} ms, p99"
-        f" {scrapes['p99_ms']:.2f} ms, max {scrapes['max_ms']:.2f} ms"
+        f" {scrapes['p99_ms']:.2f} ms, max {scrapes['max_ms']:.2f} ms{_full_collections(lag)}"
     )
+
+
+def _full_collections(lag: dict[str, Any]) -> str:
+    """How many full garbage collections fell in the window (reports from before the probe
+    counted them have none)."""
+    full = lag.get("collections", {}).get("2")
+    return "" if full is None else f"; full garbage collections in the window: {full}"
 
 
 def markdown(report: dict[str, Any]) -> str:

@@ -6,6 +6,7 @@ cell runs once, briefly, against the real exporter, so the launcher cannot rot."
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import sys
 from pathlib import Path
@@ -124,3 +125,17 @@ def test_the_stall_cell_probes_the_real_exporters_loop_while_it_is_scraped(
     trace = json.loads((tmp_path / "trace.json").read_text())
     assert trace["seq"] == 2, "the trace is not the window's (the second dump)"
     assert {"wakeups", "callbacks", "collections", "gc_totals"} <= trace.keys(), trace.keys()
+
+
+def test_each_dump_counts_the_garbage_collections_of_its_own_window(tmp_path: Path) -> None:
+    target = tmp_path / "lag.json"
+    probe = Probe(target)
+    gc.collect()  # one full collection inside the first window
+    probe.dump()
+    first = json.loads(target.read_text())
+    probe.dump()
+    second = json.loads(target.read_text())
+    assert first["collections"]["2"] >= 1, "the full collection in the window was not counted"
+    assert second["collections"]["2"] == 0, (
+        "a dump must count only its own window's collections, not those since the start"
+    )
