@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import gc
 import os
 import signal
 from collections.abc import Awaitable, Callable
@@ -72,6 +73,12 @@ class Exporter:
         if self.allocation is not None:
             await self.allocation.start()
         await self.xid.start()
+        # Starting (the imports, discovery, the first rounds' state) promotes tens of thousands
+        # of objects to the collector's old generation. A full collection traverses all of them
+        # with the GIL held (30-60 ms); run the one that is due now, before the first request,
+        # rather than minutes later in the middle of serving. The collector's settings are
+        # left as they are.
+        gc.collect()
         self.web_server = await start_web_server(self.web_app, self.config, self.guard)
         if self.web_config is not None:
             self.web_config.start()
