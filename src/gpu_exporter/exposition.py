@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import cached_property, lru_cache
+from itertools import accumulate, chain
 
 TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
@@ -141,47 +142,66 @@ class Exposition:
 
 
 class Block:
-    """Samples grouped by family (in first-appearance order), written as exposition lines on first
-    use and kept.
+    """One part's samples grouped by family (in first-appearance order): the families, each
+    one's labels and values, and its exposition lines, written on first use and kept.
 
     Formatting is deferred to the first render that reads the block, so a round nobody scrapes
     formats nothing (at a 15 s scrape interval and 1 s rounds, 14 rounds in 15). A part whose
-    samples change less often than the exposition is rendered (a slow-cadence collector's,
-    renewed every 30 s) keeps its block and hands the same one to every render: its values are
-    formatted once, not once per render. Built on one thread, read on another only after it is
-    handed over (a job's outcome). Two renders may read one block at once (one on a thread, see
-    ``Sampler._publish_round``): both format the same lines, so the memo needs no lock."""
+    samples did not change since it was last rendered (a slow-cadence collector's, renewed every
+    30 s, or any part whose values stood still, see :meth:`BlockWriter.block`) keeps its block
+    and hands the same one to every render: its values are formatted once, not once per render.
+    Built on one thread, read on another only after it is handed over (a job's outcome). Two
+    renders may read one block at once (one on a thread, see ``Sampler._publish_round``): both
+    format the same lines, so the memo needs no lock.
 
-    __slots__ = ("_formatted", "_pending", "_prefix")
+    Every job keeps a block from one round to the next, so a block costs the garbage collector
+    one object, whatever its size: the families are one tuple (shared with the part's previous
+    block), and the rest are flat tuples of strings and numbers, which it stops tracking at the
+    first collection that sees them (a tuple of tuples takes one collection per level, and by
+    then it has been promoted to the old generation)."""
+
+    __slots__ = ("_ends", "_labels", "_lines", "_prefix", "_values", "families")
 
     def __init__(
-        self, pending: tuple[tuple[Family, list[tuple[str, float]]], ...] = (), prefix: str = ""
+        self,
+        families: tuple[Family, ...] = (),
+        ends: tuple[int, ...] = (),
+        labels: tuple[str, ...] = (),
+        values: tuple[float, ...] = (),
+        prefix: str = "",
     ) -> None:
-        self._formatted: tuple[tuple[Family, str], ...] | None = None if pending else ()
-        self._pending = pending
+        """``labels`` and ``values``: every sample's, family after family; ``ends``: where each
+        family's samples end in them."""
+        self.families = families
+        self._ends = ends
+        self._labels = labels
+        self._values = values
         self._prefix = prefix
+        self._lines: tuple[str, ...] | None = None if families else ()
 
     def format(self) -> Block:
         """Format the lines now, on this thread, rather than at the first read; returns self."""
-        self.families  # noqa: B018
+        self.lines  # noqa: B018
         return self
 
     @property
-    def families(self) -> tuple[tuple[Family, str], ...]:
-        """Each family with its lines, formatted now if this is the first read."""
-        # _pending first: a render on another thread may be formatting this block right now,
-        # and it sets _formatted before it empties _pending.
-        pending, formatted = self._pending, self._formatted
-        if formatted is None:
-            prefix = self._prefix
-            formatted = tuple(
-                (family, _lines(family.name, prefix, samples)) for family, samples in pending
-            )
-            self._formatted, self._pending = formatted, ()
-        return formatted
+    def lines(self) -> tuple[str, ...]:
+        """Each family's sample lines (in :attr:`families` order), formatted now if this is the
+        first read."""
+        lines = self._lines
+        if lines is None:
+            labels, values, prefix = self._labels, self._values, self._prefix
+            bodies = []
+            start = 0
+            for family, end in zip(self.families, self._ends, strict=True):
+                samples = zip(labels[start:end], values[start:end], strict=True)
+                bodies.append(_lines(family.name, prefix, samples))
+                start = end
+            lines = self._lines = tuple(bodies)
+        return lines
 
 
-def _lines(name: str, prefix: str, samples: list[tuple[str, float]]) -> str:
+def _lines(name: str, prefix: str, samples: Iterable[tuple[str, float]]) -> str:
     """One family's sample lines; ``prefix`` (a device's labels) leads every line's label set."""
     lines = []
     for labels, value in samples:
@@ -202,31 +222,52 @@ class BlockWriter:
     line's label set. The hot path of every collector: one call per series and round, kept flat;
     it only records the value (formatting waits for a render, see :class:`Block`)."""
 
-    __slots__ = ("_families", "_prefix", "_samples")
+    __slots__ = ("_families", "_labels", "_prefix", "_values")
 
     def __init__(self, prefix: str = "") -> None:
         self._prefix = prefix
+        # By family name, in first-appearance order: each sample's labels and value, in two
+        # lists rather than a list of pairs (a pair is one more object per sample for the
+        # garbage collector to count).
         self._families: dict[str, Family] = {}
-        self._samples: dict[str, list[tuple[str, float]]] = {}
+        self._labels: dict[str, list[str]] = {}
+        self._values: dict[str, list[float]] = {}
 
     def add(self, family: Family, value: float, labels: str = "") -> None:
         # float() now, not at render: a value that is not a number fails its collector, here,
         # instead of the render that every other part's series share.
         value = float(value)
         name = family.name
-        samples = self._samples.get(name)
-        if samples is None:
+        values = self._values.get(name)
+        if values is None:
             self._families[name] = family
-            self._samples[name] = [(labels, value)]
+            self._labels[name] = [labels]
+            self._values[name] = [value]
         else:
-            samples.append((labels, value))
+            values.append(value)
+            self._labels[name].append(labels)
 
-    def block(self) -> Block:
-        if not self._samples:
+    def block(self, previous: Block = EMPTY_BLOCK) -> Block:
+        """The block of the samples added. ``previous``: this part's block from its last run,
+        returned itself when the same samples were written (its lines, if formatted, are kept),
+        and otherwise sharing its families tuple when the same families were (a collector
+        writes the same ones round after round)."""
+        if not self._values:
             return EMPTY_BLOCK
-        families = self._families
-        pending = tuple((families[name], samples) for name, samples in self._samples.items())
-        return Block(pending, self._prefix)
+        families = tuple(self._families.values())
+        ends = tuple(accumulate(map(len, self._values.values())))
+        labels = tuple(chain.from_iterable(self._labels.values()))
+        values = tuple(chain.from_iterable(self._values.values()))
+        if families == previous.families:
+            if (
+                values == previous._values
+                and labels == previous._labels
+                and ends == previous._ends
+                and self._prefix == previous._prefix
+            ):
+                return previous
+            families = previous.families
+        return Block(families, ends, labels, values, self._prefix)
 
 
 def render_block(samples: Iterable[Sample]) -> Block:
@@ -255,7 +296,7 @@ def render_blocks(blocks: Iterable[Block], family_order: Sequence[Family] = ()) 
         families.setdefault(family.name, family)
         bodies.setdefault(family.name, [])
     for block in blocks:
-        for family, body in block.families:
+        for family, body in zip(block.families, block.lines, strict=True):
             parts = bodies.get(family.name)
             if parts is None:
                 families[family.name] = family

@@ -7,6 +7,8 @@ import gzip
 import pytest
 
 from gpu_exporter.exposition import (
+    EMPTY_BLOCK,
+    Block,
     BlockWriter,
     Sample,
     counter,
@@ -75,6 +77,27 @@ def test_blocks_rendered_once_join_into_one_group_per_family_in_block_order() ->
     assert again.text == joined.text, "a kept block renders the same bytes every time"
 
 
+def test_a_part_that_writes_what_it_wrote_last_run_keeps_its_block_and_its_lines() -> None:
+    def run(power: float, previous: Block = EMPTY_BLOCK) -> Block:
+        writer = BlockWriter(prefix=gpu(0))
+        writer.add(POWER, power)
+        writer.add(ENERGY, 7)
+        return writer.block(previous)
+
+    first = run(300).format()
+    assert run(300, first) is first, "the same samples as last run made a new block"
+    changed = run(250.25, first)
+    assert changed is not first, "a changed value kept the previous block"
+    assert changed.families is first.families, "the same families made a new families tuple"
+    assert render_blocks([changed], [POWER]).text.decode().splitlines()[2] == (
+        'gpu_power_watts{gpu="0",uuid="GPU-0"} 250.25'
+    )
+    other_device = BlockWriter(prefix=gpu(1))
+    other_device.add(POWER, 300)
+    other_device.add(ENERGY, 7)
+    assert other_device.block(first) is not first, "another device's labels kept the block"
+
+
 def test_families_without_samples_are_omitted() -> None:
     text = render([Sample(POWER, gpu(0), 1)], [UNUSED, POWER]).text.decode()
     assert "gpu_unused_ratio" not in text
@@ -99,7 +122,7 @@ def test_values_are_formatted_as_prometheus_expects(value: float, expected: str)
 def test_a_block_writes_each_value_as_format_value_does(value: float) -> None:
     writer = BlockWriter()
     writer.add(POWER, value)
-    ((_family, body),) = writer.block().families
+    (body,) = writer.block().lines
     assert body == f"gpu_power_watts {format_value(value)}\n"
 
 

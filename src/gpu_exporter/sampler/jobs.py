@@ -137,7 +137,9 @@ def run_job(job: Job, *, format_now: bool = False) -> JobOutcome:
     started = time.perf_counter()
     writer = SampleWriter(job.collector.device.id.labels)
     job.collector.collect(job.calls, writer)
-    block = writer.block().format() if format_now else writer.block()
+    block = writer.block(job.block)
+    if format_now:
+        block.format()
     return JobOutcome(block, time.perf_counter() - started, list(job.calls.failures))
 
 
