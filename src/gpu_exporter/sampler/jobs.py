@@ -17,13 +17,6 @@ from ..exposition import EMPTY_BLOCK, Block
 from ..nvml import DeviceCalls, ErrorCounter, PoolExhausted, SupportRegistry, WorkerPool
 
 
-@dataclass
-class JobOutcome:
-    block: Block
-    duration: float
-    failures: list[tuple[str, str]]
-
-
 @dataclass(frozen=True)
 class Pending:
     """What to do with submitted work when it finishes, or when the round gives up on it."""
@@ -41,9 +34,14 @@ class Job:
     duration: float = 0.0
     last_success: float | None = None
     # Written by the worker thread: True while collect() runs (still True at the start of a
-    # later round: stuck in a hung call), and what this round's run gave (None: not run yet).
+    # later round: stuck in a hung call), and what this round's run gave: its block or what it
+    # raised (None: not run yet), how long it took and the calls that failed. Fields, not an
+    # outcome object: an object per job and round would outlive the round's young garbage
+    # collections and be promoted to the old generation, which then fills up the sooner.
     running: bool = False
-    outcome: JobOutcome | BaseException | None = None
+    outcome: Block | BaseException | None = None
+    outcome_duration: float = 0.0
+    outcome_failures: tuple[tuple[str, str], ...] = ()
 
     @property
     def name(self) -> str:
@@ -75,7 +73,7 @@ class Batch:
         self.future: concurrent.futures.Future[None] | None = None
         for job in self.jobs:
             job.outcome = None
-            job.calls.failures = []
+            job.calls.failures.clear()
 
     def run(self) -> None:
         for job in self.jobs:
@@ -86,7 +84,7 @@ class Batch:
     def _run_one(self, job: Job) -> None:
         job.running = True
         try:
-            job.outcome = run_job(job, format_now=self.format_now)
+            run_job(job, format_now=self.format_now)
         except BaseException as exc:  # delivered to the sampler on the loop, not lost
             job.outcome = exc
         finally:
@@ -129,18 +127,20 @@ def close_jobs(pool: WorkerPool, jobs: list[Job]) -> None:
         pool.submit(close_all)
 
 
-def run_job(job: Job, *, format_now: bool = False) -> JobOutcome:
-    """The worker-thread side of a job. With ``format_now`` (the exposition is being read: a
-    scraper is there) its lines are formatted here rather than by the read that renders them,
-    which would hold the event loop; otherwise formatting waits for a read that may never
-    come (exposition.Block)."""
+def run_job(job: Job, *, format_now: bool = False) -> None:
+    """The worker-thread side of a job: runs its collector, sets its outcome. With
+    ``format_now`` (the exposition is being read: a scraper is there) its lines are formatted
+    here rather than by the read that renders them, which would hold the event loop; otherwise
+    formatting waits for a read that may never come (exposition.Block)."""
     started = time.perf_counter()
     writer = SampleWriter(job.collector.device.id.labels)
     job.collector.collect(job.calls, writer)
     block = writer.block(job.block)
     if format_now:
         block.format()
-    return JobOutcome(block, time.perf_counter() - started, list(job.calls.failures))
+    job.outcome_duration = time.perf_counter() - started
+    job.outcome_failures = tuple(job.calls.failures)
+    job.outcome = block  # last: the sampler reads it first
 
 
 async def settle(work: dict[concurrent.futures.Future[Any], Pending], wait_s: float) -> None:

@@ -7,9 +7,10 @@ import concurrent.futures
 from collections.abc import Callable
 from typing import Any
 
+from ..exposition import Block
 from ..logs import RateLimitedLog, get_logger
 from ..nvml import DeviceLost, ErrorCounter, WorkerPool
-from .jobs import Batch, Job, JobOutcome
+from .jobs import Batch, Job
 from .liveness import GpuState
 
 _log = get_logger("sampler")
@@ -61,22 +62,22 @@ class Outcomes:
                     function=outcome.function,
                 )
             return
-        if not isinstance(outcome, JobOutcome):
+        if not isinstance(outcome, Block):
             job.ok = False
             if outcome is not None:
                 self._collector_raised(job, outcome)
             return
-        job.block = outcome.block
-        job.duration = outcome.duration
-        job.ok = not outcome.failures
+        job.block = outcome
+        job.duration = job.outcome_duration
+        job.ok = not job.outcome_failures
         job.last_success = self._clock()
-        if outcome.failures:
+        if job.outcome_failures:
             self._rlog.warning(
                 (job.name, job.calls.uuid, "nvml"),
                 "nvml calls failed",
                 collector=job.name,
                 uuid=job.calls.uuid,
-                failures=[f"{function}: {error}" for function, error in outcome.failures],
+                failures=[f"{function}: {error}" for function, error in job.outcome_failures],
             )
 
     def _collector_raised(self, job: Job, exc: BaseException) -> None:
