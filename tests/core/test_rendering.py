@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterator, Sequence
 
 import pytest
 
 from gpu_exporter import exposition
 from gpu_exporter.collectors import Cadence
-from gpu_exporter.sampler import rendering
 from tests.helpers import SimulatedSampler, simulated_sampler
 
 SCENARIO = "gpus: [{model: H100-SXM-80GB}, {model: H100-SXM-80GB}]"
+SOURCE_SERIES = exposition.gauge("gpu_source_series", "A series another part serves.")
 
 
 @pytest.fixture
@@ -51,21 +51,6 @@ def renders(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return threads
 
 
-@pytest.fixture
-def block_writes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The name of the thread of every block the sampler writes from samples (identity, the
-    sources, self-metrics)."""
-    threads: list[str] = []
-    original = rendering.render_block
-
-    def render_block(samples: Iterable[exposition.Sample]) -> exposition.Block:
-        threads.append(threading.current_thread().name)
-        return original(samples)
-
-    monkeypatch.setattr(rendering, "render_block", render_block)
-    return threads
-
-
 async def fast_round(sim: SimulatedSampler) -> None:
     sim.clock.advance(1.0)
     await sim.sampler.sample_round(Cadence.FAST)
@@ -89,13 +74,13 @@ async def test_rounds_nobody_reads_format_nothing(formatting: list[str]) -> None
 
 
 async def test_a_scrape_of_rounds_nobody_read_renders_them_on_a_thread(
-    renders: list[str], block_writes: list[str]
+    renders: list[str], formatting: list[str]
 ) -> None:
     async with simulated_sampler(SCENARIO) as sim:
         for _ in range(2):
             await fast_round(sim)
         renders.clear()
-        block_writes.clear()
+        formatting.clear()
         sim.sampler.note_read()
         first, second = await asyncio.gather(
             sim.sampler.read_exposition(), sim.sampler.read_exposition()
@@ -103,7 +88,8 @@ async def test_a_scrape_of_rounds_nobody_read_renders_them_on_a_thread(
     loop = threading.current_thread().name
     assert len(renders) == 1, f"two scrapes at once rendered {len(renders)} times, not once"
     assert loop not in renders, "the scrape rendered the unread rounds on the loop thread"
-    assert loop not in block_writes, "the scrape wrote the sources' blocks on the loop thread"
+    assert formatting, "the scrape's render formatted nothing"
+    assert loop not in formatting, "the scrape formatted samples on the loop thread"
     assert first is second, "the second scrape did not wait for the render in flight"
     assert 'gpu_energy_joules_total{gpu="1"' in first.text.decode(), "the render lacks the rounds"
 
@@ -186,16 +172,40 @@ async def test_while_scraped_a_round_is_rendered_on_a_thread_before_the_next_rea
     assert 'gpu_energy_joules_total{gpu="1"' in text, "the threaded render lacks the samples"
 
 
-async def test_while_scraped_the_round_writes_the_sources_blocks_on_its_render_thread(
-    block_writes: list[str],
+async def test_while_scraped_the_round_formats_the_self_metrics_on_its_render_thread(
+    formatting: list[str],
 ) -> None:
     async with simulated_sampler(SCENARIO) as sim:
-        written_by_round = await during_a_round_after_a_read(sim, block_writes)
+        formatted_by_round = await during_a_round_after_a_read(sim, formatting)
     loop = threading.current_thread().name
-    assert written_by_round, "the round after a read wrote no block from samples"
-    assert loop not in written_by_round, (
-        f"the round wrote {written_by_round.count(loop)} blocks on the loop thread {loop}"
+    by_render = [name for name in formatted_by_round if name.startswith("render")]
+    assert by_render, "the round's render formatted none of the self-metrics' values"
+    assert loop not in formatted_by_round, (
+        f"the round formatted {formatted_by_round.count(loop)} values on the loop thread {loop}"
     )
+
+
+async def test_the_sources_are_read_on_the_loop_as_their_samples_are_generated() -> None:
+    reads: list[str] = []
+
+    class Source:
+        families: Sequence[exposition.Family] = (SOURCE_SERIES,)
+
+        def samples(self) -> Iterator[exposition.Sample]:
+            for gpu in ("0", "1"):
+                reads.append(threading.current_thread().name)
+                yield exposition.Sample(SOURCE_SERIES, f'gpu="{gpu}"', 1.0)
+
+    async with simulated_sampler(SCENARIO) as sim:
+        sim.sampler.add_source(Source())
+        await fast_round(sim)
+        scrape(sim)
+        reads.clear()
+        await fast_round(sim)  # rendered on a thread as it settles
+        text = sim.sampler.exposition.text.decode()
+    loop = threading.current_thread().name
+    assert reads == [loop, loop], f"the source's samples were generated on {reads}, not the loop"
+    assert 'gpu_source_series{gpu="1"} 1\n' in text, "the render lacks the source's samples"
 
 
 async def test_while_scraped_a_slow_round_settling_after_the_fast_one_is_rendered_ahead_too(

@@ -17,7 +17,7 @@ import pynvml
 from ..collectors import ALL_COLLECTORS, Cadence, Collector, CollectorContext
 from ..dcgm.readings import DcgmLink
 from ..devices import Device, DeviceId, Gpu, SystemInfo, discover_gpu, init_nvml
-from ..exposition import Exposition, render, render_blocks
+from ..exposition import Block, Exposition, render, render_blocks
 from ..ledger import ActivityLedger
 from ..logs import RateLimitedLog, get_logger
 from ..migprofiles import MigProfileBook
@@ -35,7 +35,7 @@ from .health import loops_healthy, problems
 from .jobs import Batch, Job, Pending, close_jobs, make_jobs, settle
 from .liveness import GpuState, Liveness
 from .outcomes import Outcomes
-from .rendering import IdentityCache, Part, blocks_of, exposition_parts, family_order
+from .rendering import IdentityCache, exposition_parts, family_order
 from .selfmetrics import SelfMetrics
 from .sources import DeviceListener, RoundListener, SampleSource
 
@@ -190,7 +190,7 @@ class Sampler:
         a reader that serves the exposition says so with :meth:`note_read`."""
         if self._shown < self._news_count and self._ahead != self._news_count:
             self._shown = self._news_count
-            self._exposition = render_blocks(blocks_of(self._parts()), self._family_order)
+            self._exposition = render_blocks(self._parts(), self._family_order)
         return self._exposition
 
     async def read_exposition(self) -> Exposition:
@@ -496,9 +496,9 @@ class Sampler:
     async def _publish_round(self) -> None:
         """A round settled. While scrapers read every round, render it now on a thread, so that
         the next scrape finds it ready instead of stalling the loop for it: only gathering the
-        parts (reading their state) stays on the loop; writing the sources' and self-metrics'
-        blocks, joining and gzip run on the thread. Scrapes meanwhile get the previous round's
-        exposition. Unread rounds render on the next read.
+        parts (reading their state, recording the sources' and self-metrics' values) stays on
+        the loop; formatting, joining and gzip run on the thread. Scrapes meanwhile get the
+        previous round's exposition. Unread rounds render on the next read.
 
         "Read every round" is a read since the last fast round settled, or in the fast interval
         before: a slow round settles just after the fast one of the same tick, before any
@@ -542,14 +542,14 @@ class Sampler:
             self._ahead = self._rendering = None
             rendering.set_result(None)
 
-    def _render(self, parts: list[Part], gzipped: tuple[bool, ...]) -> Exposition:
+    def _render(self, parts: list[Block], gzipped: tuple[bool, ...]) -> Exposition:
         """On a thread: the exposition of ``parts``, with the gzip bodies scrapers will ask for."""
-        exposition = render_blocks(blocks_of(parts), self._family_order)
+        exposition = render_blocks(parts, self._family_order)
         for openmetrics in gzipped:
             exposition.body(openmetrics=openmetrics, gzipped=True)
         return exposition
 
-    def _parts(self) -> list[Part]:
+    def _parts(self) -> list[Block]:
         jobs = (job for state in self._gpus for job in state.jobs)
         self_samples = self._self_metrics.samples(
             jobs,

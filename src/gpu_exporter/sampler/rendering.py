@@ -1,7 +1,8 @@
-"""Everything the exposition holds, in family order: identity, each job's last samples (as the
-block the job rendered), the other parts' sources, the sampler's self-metrics. Gathering the parts
-(:func:`exposition_parts`) is separate from writing them (:func:`blocks_of`), so that a round's
-render can gather on the event loop and write on a thread."""
+"""Everything the exposition holds, in family order, as blocks: identity, each job's last
+samples (the block the job wrote), the other parts' sources, the sampler's self-metrics.
+Gathering the parts (:func:`exposition_parts`, on the event loop) only records values; their
+lines are formatted by the render that reads them, so that a round's render can gather on the
+event loop and format on a thread."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from collections.abc import Iterable, Iterator, Sequence
 
 from .. import identity
 from ..collectors import Collector
-from ..devices import Device, DeviceId, SystemInfo
-from ..exposition import Block, Family, Sample, render_block
+from ..devices import Device, DeviceId, Gpu, SystemInfo
+from ..exposition import EMPTY_BLOCK, Block, Family, Sample, render_block
 from .liveness import GpuState
 from .selfmetrics import SELF_FAMILIES
 from .sources import SampleSource
@@ -28,17 +29,44 @@ def family_order(
     return families
 
 
+# What the identity part is written from: the system, and each GPU as found and whether up.
+_WrittenFrom = tuple[SystemInfo | None, tuple[tuple[Gpu | None, bool], ...]]
+
+
 class IdentityCache:
-    """``gpu_info``/``gpu_mig_info``, built once per device identity, not on every render."""
+    """The identity part (build info, ``gpu_info``/``gpu_mig_info``, ``gpu_up``), written again
+    only when a GPU is replaced, lost or back, or :meth:`clear` says an identity changed; each
+    device's sample is built once per identity."""
 
     def __init__(self) -> None:
         self._samples: dict[DeviceId, Sample] = {}
+        self._block = EMPTY_BLOCK
+        self._written_from: _WrittenFrom | None = None
 
     def clear(self) -> None:
         """Rebuilt on the next render; drops vanished MIG instances."""
         self._samples.clear()
+        self._written_from = None
 
-    def sample(self, device: Device, system: SystemInfo | None) -> Sample:
+    def block(self, system: SystemInfo | None, gpus: Sequence[GpuState]) -> Block:
+        written_from = (system, tuple((state.gpu, state.up) for state in gpus))
+        if written_from != self._written_from:
+            self._block = render_block(self._identity_samples(system, gpus))
+            self._written_from = written_from
+        return self._block
+
+    def _identity_samples(
+        self, system: SystemInfo | None, gpus: Sequence[GpuState]
+    ) -> Iterator[Sample]:
+        yield identity.build_info(system)
+        for state in gpus:
+            if state.gpu is not None:
+                devices = state.gpu.devices() if state.up else iter((state.gpu.device,))
+                for device in devices:
+                    yield self._sample(device, system)
+            yield identity.up_sample(state.up_labels, state.up)
+
+    def _sample(self, device: Device, system: SystemInfo | None) -> Sample:
         sample = self._samples.get(device.id)
         if sample is None:
             driver = system.driver_version if system else ""
@@ -47,42 +75,21 @@ class IdentityCache:
         return sample
 
 
-# One part of the exposition: a job's block (kept from its last run, so a slow job's lines are
-# not formatted again each fast round), or samples that a render writes as a block.
-Part = Block | list[Sample]
-
-
 def exposition_parts(
     system: SystemInfo | None,
     gpus: Sequence[GpuState],
     identities: IdentityCache,
     sources: Iterable[SampleSource],
     self_samples: Iterable[Sample],
-) -> list[Part]:
+) -> list[Block]:
     """The exposition's parts in order, as of now: identity, every job's block, sources and
-    self-metrics. Called on the event loop, where the parts' state is written; it only reads
-    (the samples are immutable), so writing the parts as blocks can happen on any thread."""
-    parts: list[Part] = [list(_identity_samples(system, gpus, identities))]
+    self-metrics. Called on the event loop, where the parts' state is written. The sources' and
+    self-metrics' samples are written into blocks as they are generated, each sample dropped
+    once written rather than held until a render on another thread reads it: what the loop
+    builds and a render holds is one object per part (exposition.Block)."""
+    parts = [identities.block(system, gpus)]
     for state in gpus:
         parts.extend(job.block for job in state.jobs)
-    parts.extend(list(source.samples()) for source in sources)
-    parts.append(list(self_samples))
+    parts.extend(render_block(source.samples()) for source in sources)
+    parts.append(render_block(self_samples))
     return parts
-
-
-def blocks_of(parts: Iterable[Part]) -> Iterator[Block]:
-    """Every part as a block, for :func:`~gpu_exporter.exposition.render_blocks`."""
-    for part in parts:
-        yield part if isinstance(part, Block) else render_block(part)
-
-
-def _identity_samples(
-    system: SystemInfo | None, gpus: Sequence[GpuState], identities: IdentityCache
-) -> Iterator[Sample]:
-    yield identity.build_info(system)
-    for state in gpus:
-        if state.gpu is not None:
-            devices = state.gpu.devices() if state.up else iter((state.gpu.device,))
-            for device in devices:
-                yield identities.sample(device, system)
-        yield identity.up_sample(state.up_labels, state.up)
