@@ -105,6 +105,10 @@ class ActivityReading:
         return self.spans.get(name, 0.0)
 
 
+# An ActivityReading's (sm_active, sm_occupancy, tensor_active, dram_active).
+_Ratios = tuple[float | None, float | None, float | None, float | None]
+
+
 class SmBands:
     """Time spent in each SM activity band, from the readings the integrals are built from."""
 
@@ -151,7 +155,10 @@ class GpmSource(ActivitySource):
         self._device = device
         self._clock = context.clock
         self._buffers: list[Any] = []
-        self._previous: tuple[Any, float] | None = None
+        # The buffer last sampled into (None: no usable sample) and when, as two attributes: a
+        # (buffer, time) tuple kept from round to round would be garbage-collector tracked.
+        self._previous: Any | None = None
+        self._previous_at = 0.0
         # Metric ids asked: pipes that answer NotSupported are not asked again. MIG instances
         # get no pipes: 10 series per instance would double a MIG node's series (56 instances).
         extra = () if device.id.is_mig else gpm_pipes(context.options.of(EnginesOptions).detail)
@@ -164,17 +171,18 @@ class GpmSource(ActivitySource):
             return None
         # Measured from after the previous sample to before this one: never more than the true
         # spacing, so a round that passes this check never gets GPM's too-close refusal.
-        if self._previous is not None and self._clock() - self._previous[1] <= _GPM_MIN_SPACING:
+        if self._previous is not None and self._clock() - self._previous_at <= _GPM_MIN_SPACING:
             return None
-        sample = self._buffers[0] if self._previous is None else self._other(self._previous[0])
+        sample = self._buffers[0] if self._previous is None else self._other(self._previous)
         if not self._take(calls, sample):
             self._previous = None
             return None
         now = self._clock()
-        previous, self._previous = self._previous, (sample, now)
+        previous, previous_at = self._previous, self._previous_at
+        self._previous, self._previous_at = sample, now
         if previous is None:
             return None
-        return self._metrics(calls, previous, (sample, now))
+        return self._metrics(calls, (previous, previous_at), (sample, now))
 
     def close(self, calls: DeviceCalls) -> None:
         for buffer in self._buffers:
@@ -349,7 +357,10 @@ class ActivityCollector(Collector):
         self._tensor = Integral()
         self._dram = Integral()
         self._pipes = PipeTotals()
-        self._last: ActivityReading | None = None
+        # The last reading's ratios as a plain tuple of floats, which the garbage collector
+        # untracks: the reading itself, kept from round to round, would be promoted by every
+        # collection.
+        self._last: _Ratios | None = None
         # The GPU's bands and its occupancy are read by no alert, rule or dashboard (a holder's
         # bands are allocation's, from the same readings): served with --collector.activity.detail
         self._detail = context.options.of(ActivityOptions).detail
@@ -364,21 +375,26 @@ class ActivityCollector(Collector):
         reading = self._source.read(calls)
         if reading is not None:
             self._integrate(reading)
-            self._last = reading
+            self._last = (
+                reading.sm_active,
+                reading.sm_occupancy,
+                reading.tensor_active,
+                reading.dram_active,
+            )
             if reading.sm_active is not None:
                 self.context.ledger.record(
                     self.device.uuid, ActivityKind.SM_ACTIVE, reading.end, self._sm.total
                 )
         if self._last is None:
             return
-        last = self._last
-        self._emit(out, SM_ACTIVE, SM_ACTIVE_SECONDS, last.sm_active, self._sm)
-        if last.sm_active is not None and self._detail:
+        sm_active, sm_occupancy, tensor_active, dram_active = self._last
+        self._emit(out, SM_ACTIVE, SM_ACTIVE_SECONDS, sm_active, self._sm)
+        if sm_active is not None and self._detail:
             self._bands.emit(out)
-        self._emit(out, TENSOR_ACTIVE, TENSOR_ACTIVE_SECONDS, last.tensor_active, self._tensor)
-        self._emit(out, None, DRAM_ACTIVE_SECONDS, last.dram_active, self._dram)
-        if last.sm_occupancy is not None and self._detail:
-            out.add(SM_OCCUPANCY, last.sm_occupancy)
+        self._emit(out, TENSOR_ACTIVE, TENSOR_ACTIVE_SECONDS, tensor_active, self._tensor)
+        self._emit(out, None, DRAM_ACTIVE_SECONDS, dram_active, self._dram)
+        if sm_occupancy is not None and self._detail:
+            out.add(SM_OCCUPANCY, sm_occupancy)
         self._pipes.emit(out)
 
     def close(self, calls: DeviceCalls) -> None:

@@ -19,7 +19,7 @@ import pynvml
 from ..devices import Device
 from ..exposition import counter, gauge, label_string
 from ..logs import get_logger
-from ..nvml import DeviceCalls, FieldValue
+from ..nvml import DeviceCalls
 from ..nvml.calls import FieldKey
 from .base import Cadence, Collector, CollectorContext, SampleWriter, option
 from .counter_fields import counter_fields
@@ -137,9 +137,9 @@ class ClockEventsCollector(Collector):
         if current is None:
             return
         now = self.context.clock()
-        values = self._batch.read_values(calls, handle)
+        values, value_types = self._batch.read_with_types(calls, handle)
         if self._counters is None:
-            self._counters = self._choose_counters(values)
+            self._counters = self._choose_counters(value_types)
         elapsed = 0.0 if self._last_time is None else now - self._last_time
         self._last_time = now
         for reason in self._supported:
@@ -158,20 +158,20 @@ class ClockEventsCollector(Collector):
         names = {r.name for r in self._supported or ()}
         return {name: fid for name, fid in counter_fields(text).items() if name in names}
 
-    def _choose_counters(self, values: Mapping[FieldKey, FieldValue]) -> dict[str, CounterCheck]:
+    def _choose_counters(self, value_types: Mapping[FieldKey, int]) -> dict[str, CounterCheck]:
         """The reasons whose counter answered on the first sample, as a 64-bit integer."""
         chosen = {}
         for name, fid in self._fields.items():
-            value = values.get(fid)
-            if value is None:
+            value_type = value_types.get(fid)
+            if value_type is None:
                 continue
-            if value.value_type not in COUNTER_VALUE_TYPES:
-                self._refuse(name, fid, f"its value type is {value.value_type}, not a counter's")
+            if value_type not in COUNTER_VALUE_TYPES:
+                self._refuse(name, fid, f"its value type is {value_type}, not a counter's")
                 continue
             chosen[name] = CounterCheck(fid)
         return chosen
 
-    def _read_counter(self, name: str, values: Mapping[FieldKey, FieldValue], now: float) -> bool:
+    def _read_counter(self, name: str, values: Mapping[FieldKey, float], now: float) -> bool:
         """Take the reason's time from its counter; False when it has none (any more)."""
         check = (self._counters or {}).get(name)
         if check is None:
@@ -179,12 +179,12 @@ class ClockEventsCollector(Collector):
         value = values.get(check.field)
         if value is None:
             return True  # not read this round: the total stays where it was
-        problem = check.problem(value.value, now)
+        problem = check.problem(value, now)
         if problem is not None:
             self._refuse(name, check.field, problem)
             del (self._counters or {})[name]
             return False
-        self._seconds[name] = value.value * NANOSECONDS
+        self._seconds[name] = value * NANOSECONDS
         return True
 
     def _refuse(self, reason: str, field: int, why: str) -> None:

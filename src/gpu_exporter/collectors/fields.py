@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from ..nvml import DeviceCalls
-from ..nvml.calls import FieldKey, FieldRequest, FieldValue, field_signal
+from ..nvml.calls import FieldKey, FieldRequest, field_signal
 
 # Jobs of one round start within milliseconds of each other; rounds are >= 0.5 s apart.
 FRESH_FOR = 0.25
@@ -34,8 +34,11 @@ class FieldBatch:
         self._fresh_for = min(FRESH_FOR, interval / 2)
         self._lock = threading.Lock()
         self._wanted: dict[FieldKey, None] = {}  # insertion-ordered set
-        self._values: Mapping[FieldKey, FieldValue] = {}
+        # The last answers are held until the next round as numbers and value types: dicts of
+        # ints and floats, which the garbage collector does not track (FieldValue tuples it
+        # would, and would promote to its old generation each time a collection finds them).
         self._numbers: Mapping[FieldKey, float] = {}
+        self._value_types: Mapping[FieldKey, int] = {}
         self._request: FieldRequest | None = None  # the wanted fields' array, reused
         self._read_at: float | None = None
         self._grown = False  # fields were added since the last read
@@ -55,11 +58,13 @@ class FieldBatch:
             self._refresh(calls, handle)
             return self._numbers
 
-    def read_values(self, calls: DeviceCalls, handle: Any) -> Mapping[FieldKey, FieldValue]:
-        """This round's answers (value, value type, timestamp) of every wanted field."""
+    def read_with_types(
+        self, calls: DeviceCalls, handle: Any
+    ) -> tuple[Mapping[FieldKey, float], Mapping[FieldKey, int]]:
+        """This round's numbers, and the ``nvmlValueType_t`` each answered field came as."""
         with self._lock:
             self._refresh(calls, handle)
-            return self._values
+            return self._numbers, self._value_types
 
     def _refresh(self, calls: DeviceCalls, handle: Any) -> None:
         """Ask NVML unless this round already did (and no field was added since)."""
@@ -71,11 +76,13 @@ class FieldBatch:
         if self._grown or self._request is None:
             self._request = FieldRequest(tuple(self._wanted))
         self._grown = False
-        self._served = {calls.collector}
-        self._values = calls.field_values(handle, self._request)
-        self._numbers = {key: v.value for key, v in self._values.items()}
+        self._served.clear()  # the same set every round: a new one would be a tracked object
+        self._served.add(calls.collector)
+        answers = calls.field_values(handle, self._request)
+        self._numbers = {key: answer.value for key, answer in answers.items()}
+        self._value_types = {key: answer.value_type for key, answer in answers.items()}
         self._read_at = self._clock()
-        if len(self._values) < len(self._wanted):
+        if len(answers) < len(self._wanted):
             self._prune(calls)
 
     def _prune(self, calls: DeviceCalls) -> None:
