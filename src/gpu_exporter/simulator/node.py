@@ -95,8 +95,8 @@ class SimulatedNode(DcgmHost, LinkEvents):
         self.handles: dict[int, Device] = {}
         self.gpu_instances: dict[int, MigDevice] = {}
         self.event_sets: dict[int, EventSet] = {}
-        self.gpm_samples: dict[int, GpmSample | None] = {}
-        self.gpm_structs: dict[int, Any] = {}
+        self.gpm_samples: dict[int, GpmSample] = {}
+        self.pointed_at: dict[int, Any] = {}
         self.hangs: list[Hang] = []
         self.failures: dict[tuple[str, int | None], Failure] = {}
         self.calls: Counter[str] = Counter()  # NVML C function -> times called

@@ -24,8 +24,10 @@ class NodeView(Protocol):
     gpus: list[GpuDevice]
     gpu_instances: dict[int, MigDevice]  # address of a GPU-instance handle -> its MIG device
     event_sets: dict[int, EventSet]
-    gpm_samples: dict[int, GpmSample | None]
-    gpm_structs: dict[int, Any]
+    gpm_samples: dict[int, GpmSample]  # address of a GPM sample buffer -> what it recorded
+    # Address -> every struct a handle given out points at (devices, GPU instances, event sets,
+    # GPM samples), kept alive as the library's own memory is, until the library frees it.
+    pointed_at: dict[int, Any]
     hangs: list[Hang]
     failures: dict[tuple[str, int | None], Failure]
     calls: Counter[str]  # NVML C function -> times called

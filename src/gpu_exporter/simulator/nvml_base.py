@@ -51,11 +51,6 @@ def write_text(buffer: Any, length: Any, text: str) -> int:
     return SUCCESS
 
 
-def point(ref: Any, target: ctypes.Structure) -> None:
-    """Make the pointer behind ``byref(pointer)`` point at ``target`` (an opaque handle)."""
-    out(ref).contents = target
-
-
 class FunctionsBase:
     """Device resolution with NVML's errors: unknown handle, lost GPU, MIG restrictions."""
 
@@ -80,6 +75,19 @@ class FunctionsBase:
 
     def now(self) -> float:
         return self.node.now()
+
+    def point(self, ref: Any, target: ctypes.Structure) -> None:
+        """Make the pointer behind ``byref(pointer)`` point at ``target`` (an opaque handle).
+
+        Only the address is written, as the C library writes it: ``pointer.contents = target``
+        would also hang a dict keeping ``target`` alive on every handle the caller gets. The node
+        keeps ``target`` alive instead, as the library owns the memory its handles point at."""
+        self.node.pointed_at[ctypes.addressof(target)] = target
+        ctypes.c_void_p.from_buffer(out(ref)).value = ctypes.addressof(target)
+
+    def release(self, target: ctypes.Structure) -> None:
+        """The library frees what a handle pointed at (an event set, a GPM sample)."""
+        self.node.pointed_at.pop(ctypes.addressof(target), None)
 
     def privileged_parent(self, device: Device) -> None:
         """Aggregate queries on a MIG-enabled GPU need root (nvml.h: "only if the caller has

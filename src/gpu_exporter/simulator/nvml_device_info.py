@@ -18,7 +18,6 @@ from gpu_exporter.simulator.nvml_base import (
     SUCCESS,
     FunctionsBase,
     out,
-    point,
     val,
 )
 
@@ -94,7 +93,7 @@ class DeviceInfoFunctions(FunctionsBase):
             if matches(gpu):
                 if gpu.lost:
                     raise NvmlFailure(GPU_IS_LOST)
-                point(handle, gpu.handle)
+                self.point(handle, gpu.handle)
                 return SUCCESS
         raise NvmlFailure(NOT_FOUND)
 

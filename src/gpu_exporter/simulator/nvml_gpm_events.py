@@ -10,6 +10,7 @@ import pynvml
 
 from gpu_exporter.simulator.devices import Device, GpuDevice
 from gpu_exporter.simulator.errors import NvmlFailure
+from gpu_exporter.simulator.models import GpuModel
 from gpu_exporter.simulator.nvml_base import (
     ARGUMENT_VERSION_MISMATCH,
     GPU_IS_LOST,
@@ -20,7 +21,6 @@ from gpu_exporter.simulator.nvml_base import (
     TIMEOUT,
     FunctionsBase,
     out,
-    point,
     val,
 )
 from gpu_exporter.simulator.nvml_records import (
@@ -94,10 +94,8 @@ class GpmEventFunctions(FunctionsBase):
 
     def nvmlGpmSampleAlloc(self, sample: Any) -> int:
         handle = pynvml.struct_c_nvmlGpmSample_t()
-        self.node.gpm_samples[ctypes.addressof(handle)] = None
-        # Keep the struct alive as long as the sample: the pointer alone would not.
-        self.node.gpm_structs[ctypes.addressof(handle)] = handle
-        point(sample, handle)
+        self.node.gpm_samples[ctypes.addressof(handle)] = GpmSample()
+        self.point(sample, handle)
         return SUCCESS
 
     def _sample_key(self, sample: Any) -> int:
@@ -112,22 +110,22 @@ class GpmEventFunctions(FunctionsBase):
     def nvmlGpmSampleFree(self, sample: Any) -> int:
         key = self._sample_key(sample)
         del self.node.gpm_samples[key]
-        del self.node.gpm_structs[key]
+        self.release(sample.contents)
         return SUCCESS
 
     def _record(self, device: Device, sample: Any) -> int:
-        key = self._sample_key(sample)
+        recorded = self.node.gpm_samples[self._sample_key(sample)]
         self.node.advance(gpu=device.gpu)
         acc = device.acc
-        integrals = {
+        recorded.device = device
+        recorded.t = self.node.integrated_at(device.gpu)  # the counters' time, not the call's
+        recorded.integrals = {
             "sm": acc.sm,
             "occupancy": acc.occupancy,
             "tensor": acc.tensor,
             "dram": acc.dram,
             "util": acc.util,
         }
-        at = self.node.integrated_at(device.gpu)  # the counters' time, not the call's
-        self.node.gpm_samples[key] = GpmSample(device, at, integrals)
         return SUCCESS
 
     def nvmlGpmSampleGet(self, handle: Any, sample: Any) -> int:
@@ -147,8 +145,8 @@ class GpmEventFunctions(FunctionsBase):
             raise NvmlFailure(ARGUMENT_VERSION_MISMATCH)
         first = self.node.gpm_samples[self._sample_key(request.sample1)]
         second = self.node.gpm_samples[self._sample_key(request.sample2)]
-        if first is None or second is None or first.device is not second.device:
-            raise NvmlFailure(INVALID_ARGUMENT)
+        if first.device is None or first.device is not second.device:
+            raise NvmlFailure(INVALID_ARGUMENT)  # a sample never taken, or two devices' samples
         if first.device.gpu.lost:
             raise NvmlFailure(GPU_IS_LOST)
         # GPM needs sample2 taken more than 100 ms after sample1 (reference/nvml.md). Closer,
@@ -157,8 +155,9 @@ class GpmEventFunctions(FunctionsBase):
         if second.t - first.t <= GPM_MIN_SPACING_S:
             raise NvmlFailure(INVALID_ARGUMENT)
         count = int(request.numMetrics)
+        model = first.device.gpu.model
         for metric in (RawGpmMetric * count).from_address(ctypes.addressof(request.metrics)):
-            _fill_metric(metric, first, second)
+            _fill_metric(metric, first, second, model)
         return SUCCESS
 
     # ------------------------------------------------------------------ events
@@ -175,7 +174,7 @@ class GpmEventFunctions(FunctionsBase):
     def nvmlEventSetCreate(self, handle: Any) -> int:
         event_set = EventSet()
         self.node.event_sets[ctypes.addressof(event_set.handle)] = event_set
-        point(handle, event_set.handle)
+        self.point(handle, event_set.handle)
         return SUCCESS
 
     def _supported_events(self, gpu: GpuDevice) -> int:
@@ -198,6 +197,7 @@ class GpmEventFunctions(FunctionsBase):
     def nvmlEventSetFree(self, handle: Any) -> int:
         event_set = self._event_set(handle)
         del self.node.event_sets[ctypes.addressof(event_set.handle)]
+        self.release(event_set.handle)
         with event_set.condition:
             event_set.freed = True
             event_set.condition.notify_all()
@@ -238,7 +238,7 @@ class GpmEventFunctions(FunctionsBase):
                 event_set.condition.wait(min(remaining, self.node.seconds_until_due()))
 
 
-def _fill_metric(metric: Any, early: GpmSample, late: GpmSample) -> None:
+def _fill_metric(metric: Any, early: GpmSample, late: GpmSample, model: GpuModel) -> None:
     """One metric of nvmlGpmMetricsGet: the mean percentage between the two samples."""
     metric_id = int(metric.metricId)
     metric.nvmlReturn = SUCCESS
@@ -252,7 +252,6 @@ def _fill_metric(metric: Any, early: GpmSample, late: GpmSample) -> None:
         )
     elif (engine := _engine_instance(metric_id)) is not None:
         kind, instance = engine
-        model = early.device.gpu.model
         if instance < model.engines.get(kind, 0):
             metric.value = 0.0  # no simulated workload uses the media engines
         else:

@@ -21,7 +21,6 @@ from gpu_exporter.simulator.nvml_base import (
     UNINITIALIZED,
     FunctionsBase,
     out,
-    point,
     val,
     write_text,
 )
@@ -75,7 +74,7 @@ class IdentityFunctions(FunctionsBase):
         gpu = visible[i]
         if gpu.lost:
             raise NvmlFailure(GPU_IS_LOST)
-        point(handle, gpu.handle)
+        self.point(handle, gpu.handle)
         return SUCCESS
 
     def nvmlDeviceGetHandleByUUID(self, uuid: Any, handle: Any) -> int:
@@ -87,7 +86,7 @@ class IdentityFunctions(FunctionsBase):
                 if device.uuid == wanted:
                     if gpu.lost:
                         raise NvmlFailure(GPU_IS_LOST)
-                    point(handle, device.handle)
+                    self.point(handle, device.handle)
                     return SUCCESS
         raise NvmlFailure(NOT_FOUND)
 
@@ -156,7 +155,7 @@ class IdentityFunctions(FunctionsBase):
             raise NvmlFailure(INVALID_ARGUMENT)
         if i >= len(gpu.migs):
             raise NvmlFailure(NOT_FOUND)
-        point(mig, gpu.migs[i].handle)
+        self.point(mig, gpu.migs[i].handle)
         return SUCCESS
 
     def nvmlDeviceIsMigDeviceHandle(self, handle: Any, is_mig: Any) -> int:
@@ -173,7 +172,7 @@ class IdentityFunctions(FunctionsBase):
         device = self.device(handle)
         if not isinstance(device, MigDevice):
             raise NvmlFailure(INVALID_ARGUMENT)
-        point(parent, device.parent.handle)
+        self.point(parent, device.parent.handle)
         return SUCCESS
 
     def nvmlDeviceGetGpuInstanceId(self, handle: Any, gi: Any) -> int:
@@ -197,7 +196,7 @@ class IdentityFunctions(FunctionsBase):
             raise NvmlFailure(NOT_SUPPORTED)
         if not self.node.scenario.node.privileged:
             raise NvmlFailure(NO_PERMISSION)  # nvml.h: GPU instance queries need root
-        point(instance, self._instance(gpu, int(val(gi))).gi_handle)
+        self.point(instance, self._instance(gpu, int(val(gi))).gi_handle)
         return SUCCESS
 
     def nvmlGpuInstanceGetInfo(self, instance: Any, info: Any) -> int:

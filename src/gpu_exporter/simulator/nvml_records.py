@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pynvml
 
@@ -45,10 +45,13 @@ class EventSet:
             self.condition.notify_all()
 
 
-@dataclass(frozen=True)
+@dataclass
 class GpmSample:
-    """What a GPM sample recorded: the device, the time and the activity integrals."""
+    """What a GPM sample buffer recorded: the device, the time and the activity integrals.
 
-    device: Device
-    t: float
-    integrals: Mapping[str, float]
+    One per buffer, from its allocation to its free, and written in place by each sample get,
+    as the library fills the caller's buffer (``device`` None: never taken)."""
+
+    device: Device | None = None
+    t: float = 0.0
+    integrals: Mapping[str, float] = field(default_factory=dict)
