@@ -9,7 +9,6 @@ sample; allocation accounting reads them to tell idle from busy time without cal
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
 from enum import Enum
 
 # SM activity bands, by an interval's mean: below 10% idle-ish, above 50% a busy kernel stream.
@@ -29,12 +28,22 @@ class ActivityKind(Enum):
     UTILIZATION = "utilization"  # NVML's "a kernel was resident": the fallback
 
 
-@dataclass(frozen=True)
-class ActivityPoint:
-    """``seconds_total`` is the integral of the activity ratio up to monotonic time ``at``."""
+# (at, seconds_total): the integral of the activity ratio up to monotonic time ``at``. A plain
+# tuple of floats, which the garbage collector untracks: one is replaced per device every round
+# and kept by the readers until the next, where an instance would be promoted by every collection.
+ActivityPoint = tuple[float, float]
 
-    at: float
-    seconds_total: float
+
+def interval_between(
+    previous: ActivityPoint, point: ActivityPoint
+) -> tuple[float, float, float] | None:
+    """(start, end, mean ratio) of the activity from ``previous`` to ``point``; None when
+    ``point`` is not later (nothing new, a restarted collector) or its integral went back."""
+    (start, total_then), (end, total_now) = previous, point
+    gained = total_now - total_then
+    if end <= start or gained < 0:
+        return None
+    return start, end, gained / (end - start)
 
 
 class ActivityLedger:
@@ -44,7 +53,7 @@ class ActivityLedger:
 
     def record(self, uuid: str, kind: ActivityKind, at: float, seconds_total: float) -> None:
         with self._lock:
-            self._points[(uuid, kind)] = ActivityPoint(at, seconds_total)
+            self._points[(uuid, kind)] = (at, seconds_total)
 
     def latest(self, uuid: str, kind: ActivityKind) -> ActivityPoint | None:
         with self._lock:

@@ -32,7 +32,14 @@ from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
 from ..devices import DeviceId, idle_activity_source
-from ..ledger import SM_BANDS, ActivityKind, ActivityLedger, ActivityPoint, sm_band
+from ..ledger import (
+    SM_BANDS,
+    ActivityKind,
+    ActivityLedger,
+    ActivityPoint,
+    interval_between,
+    sm_band,
+)
 from .model import PodKey
 
 
@@ -221,14 +228,9 @@ class IdleAccountant:
             return None
         point = self._ledger.latest(device.uuid, state.kind)
         previous, state.point = state.point, point
-        if point is None or previous is None or point.at <= previous.at:
-            if point is not None and previous is not None and point.at < previous.at:
-                state.point = point  # the collector restarted: rebaseline
+        if point is None or previous is None:
             return None
-        gained = point.seconds_total - previous.seconds_total
-        if gained < 0:  # a restarted integral: skip the interval
-            return None
-        return previous.at, point.at, gained / (point.at - previous.at)
+        return interval_between(previous, point)
 
     def _activity_state(self, device: DeviceId) -> _DeviceActivity | None:
         """The device's signal: its preferred kind, else whatever the ledger has for it."""

@@ -29,7 +29,7 @@ from typing import NamedTuple
 
 from ..devices import DeviceId
 from ..exposition import Family, Sample, gauge
-from ..ledger import ActivityKind, ActivityLedger, ActivityPoint
+from ..ledger import ActivityKind, ActivityLedger, ActivityPoint, interval_between
 from ..migprofiles import MigProfileBook, ProfileTable
 from .metrics import fit_labels, fraction_labels, holder_labels
 from .model import PodKey
@@ -189,12 +189,9 @@ class RightSizer:
             if point is None:
                 continue
             self._signals[uuid] = _Signal(kind, point)
-            if signal is None or point.at <= signal.point.at:
-                return None  # a first point, nothing new, or a restarted collector
-            gained = point.seconds_total - signal.point.seconds_total
-            if gained < 0:
-                return None
-            return signal.point.at, point.at, gained / (point.at - signal.point.at)
+            if signal is None:
+                return None  # a first point
+            return interval_between(signal.point, point)
         return None
 
 
