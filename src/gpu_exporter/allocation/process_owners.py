@@ -19,7 +19,6 @@ container (:mod:`.process_activity`).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from types import MappingProxyType
@@ -44,13 +43,6 @@ from .unseen import (
 PID_RETENTION = 600.0
 # (device, namespace, pod, container) -> the used bytes of each of its processes
 MemoryUse = dict[tuple[DeviceId, str, str, str], list[int | None]]
-
-
-@dataclass(frozen=True)
-class _PidOwner:
-    pod: PodKey
-    seen: float  # wall time
-    container: str = ""
 
 
 # NVML's per-process utilisation samples of one device; None where it has none
@@ -90,7 +82,9 @@ class ProcessOwners:
         # Per-container activity integrals (the accountant's per-pod rule on shared devices).
         self.activity = ContainerActivity(kept=[unattributed_owner(c) for c in UNATTRIBUTED])
         self.pod_names: dict[str, PodName] = {}  # pod UID -> names, from the pod log directories
-        self._pids: dict[int, _PidOwner] = {}
+        # Each PID seen in a pod: its container, and the wall time of the last scan that saw it.
+        self._pids: dict[int, Owner] = {}
+        self._pids_seen: dict[int, float] = {}
         self._unattributed_pids: dict[int, str] = {}  # PID -> its class, for activity
         # Every GPU process of the last scan, classed; the pods seen only through their processes.
         self.classified: tuple[ClassifiedProcess, ...] = ()
@@ -117,6 +111,7 @@ class ProcessOwners:
             set(self.pod_names),
             self._compute_mode,
             self.held_pod_uids(allocations),
+            {(p.device.uuid, p.process.pid): p.process for p in self.classified},
         )
         if self._job_node:
             return await self._scan.run(self._pool, partial(_scan_jobs, job, self._proc_path))
@@ -156,7 +151,8 @@ class ProcessOwners:
         if result.pods:
             self.pod_names = result.pods
         now = self._wall_clock()
-        self.mps = {p.device.uuid for p in result.processes if p.mps}
+        mps = {p.device.uuid for p in result.processes if p.mps}
+        self.mps = self.mps if mps == self.mps else mps
         self.compute_modes = result.compute_modes
         memory: MemoryUse = {}
         holders = _ContainerIndex(allocations)
@@ -171,7 +167,7 @@ class ProcessOwners:
             if jobs is not None:
                 job_id = jobs.get(process.pid)
                 if job_id is not None:
-                    self._pids[process.pid] = _PidOwner(("", job_id), now)
+                    self._saw(process.pid, ("", job_id, ""), now)
                     memory.setdefault((process.device, "", job_id, ""), []).append(
                         process.used_bytes
                     )
@@ -184,21 +180,45 @@ class ProcessOwners:
                 continue
             container = holders.container(process.device, pod, names)
             classified.append(ClassifiedProcess(process, process_class, pod, container))
-            self._pids[process.pid] = _PidOwner(pod, now, container)
+            self._saw(process.pid, (*pod, container), now)
             key = (process.device, *pod, container)
             memory.setdefault(key, []).append(process.used_bytes)
-        self._pids = {p: o for p, o in self._pids.items() if now - o.seen < PID_RETENTION}
-        self.by_pid = MappingProxyType({pid: owner.pod for pid, owner in self._pids.items()})
-        self.classified = tuple(classified)
-        self.observed = observed_holdings(classified)
-        self.unattributed.update(classified)
-        self.memory = memory
+        self._forget_pids(now)
+        self._publish_scan(classified, memory)
+
+    def _saw(self, pid: int, owner: Owner, now: float) -> None:
+        if self._pids.get(pid) != owner:
+            self._pids[pid] = owner
+        self._pids_seen[pid] = now
+
+    def _forget_pids(self, now: float) -> None:
+        expired = [pid for pid, seen in self._pids_seen.items() if now - seen >= PID_RETENTION]
+        for pid in expired:
+            del self._pids[pid], self._pids_seen[pid]
+
+    def _publish_scan(self, classified: list[ClassifiedProcess], memory: MemoryUse) -> None:
+        """Keep what the scan shows, reusing the last scan's objects where they did not change.
+
+        A scan's state lives until the next scan, long enough for the garbage collector to move
+        it to its old generation; rebuilding an equal one every scan would fill that generation
+        (and bring on full collections, which stall the event loop) with nothing new."""
+        known = {(p.device.uuid, p.process.pid): p for p in self.classified}
+        scanned = tuple(_as_before(known, p) for p in classified)
+        if scanned != self.classified:
+            self.classified = scanned
+            self.observed = observed_holdings(scanned)
+            self.unattributed.update(scanned)
+        if memory != self.memory:
+            self.memory = memory
+        by_pid = {pid: owner[:2] for pid, owner in self._pids.items()}
+        if by_pid != self.by_pid:
+            self.by_pid = MappingProxyType(by_pid)
 
     def owner_of(self, pid: int) -> Owner | None:
         """The container a PID ran in, or its unattributed class (per-process activity)."""
         owner = self._pids.get(pid)
         if owner is not None:
-            return (*owner.pod, owner.container)
+            return owner
         process_class = self._unattributed_pids.get(pid)
         return None if process_class is None else unattributed_owner(process_class)
 
@@ -213,6 +233,14 @@ class ProcessOwners:
         """The last scan's process-only holders that still hold no allocation of their device."""
         held = {(h.device.uuid, h.pod_key) for h in allocations.holdings}
         return [h for h in self.observed if (h.device.uuid, h.pod_key) not in held]
+
+
+def _as_before(
+    known: Mapping[tuple[str, int], ClassifiedProcess], process: ClassifiedProcess
+) -> ClassifiedProcess:
+    """The last scan's object for ``process`` (same device and PID) if it is equal to it."""
+    before = known.get((process.device.uuid, process.process.pid))
+    return before if before == process else process
 
 
 def _scan_jobs(

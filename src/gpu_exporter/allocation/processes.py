@@ -7,7 +7,7 @@ the driver cannot say, e.g. some MIG and vGPU setups). Each host PID's cgroup na
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -125,10 +125,15 @@ def scan(
     known_pods: Iterable[str],
     compute_mode: Callable[[Device], int | None] | None = None,
     held: frozenset[tuple[str, str]] = frozenset(),
+    known: Mapping[tuple[str, int], OwnedProcess] | None = None,
 ) -> ScanResult:
     """List processes per device, find their pods; reads pod names only for unknown UIDs, and
     the command name of each process but those of pods holding the device (``held``: device
-    uuid, pod UID)."""
+    uuid, pod UID). ``known``: the last scan's processes by device uuid and PID; one that did
+    not change is found again as that object, not an equal new one (``ProcessOwners`` keeps a
+    scan's state until the next: the garbage collector would move each new one to its old
+    generation)."""
+    known = known or {}
     result = ScanResult()
     for device in devices:
         try:
@@ -143,11 +148,11 @@ def scan(
             owner = read_process_owner(proc_path, process.pid)
             holds = owner is not None and (device.uuid, owner.pod_uid) in held
             command = "" if holds else read_command(proc_path, process.pid)
-            result.processes.append(
-                OwnedProcess(
-                    device.id, process.pid, process.used_bytes, owner, process.mps, command
-                )
+            owned = OwnedProcess(
+                device.id, process.pid, process.used_bytes, owner, process.mps, command
             )
+            before = known.get((device.uuid, process.pid))
+            result.processes.append(before if before == owned else owned)
     uids = {p.owner.pod_uid for p in result.processes if p.owner is not None}
     if not uids <= set(known_pods):
         result.pods = read_pod_names(pod_logs_path)
