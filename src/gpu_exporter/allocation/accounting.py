@@ -28,8 +28,8 @@ processes' share (a shared device) has no bands: the device's shape is not its o
 from __future__ import annotations
 
 from collections.abc import Collection, Iterator, Mapping
-from dataclasses import dataclass, field
-from typing import NamedTuple, Protocol
+from dataclasses import dataclass
+from typing import Protocol
 
 from ..devices import DeviceId, idle_activity_source
 from ..ledger import (
@@ -71,18 +71,17 @@ class PodUsage:
     released_at: float | None = None
     own: tuple[float, float] | None = None  # (at, seconds) of its own activity, shared devices
     # Seconds in each SM activity band (SM_BANDS); None until an SM interval was credited.
-    bands: list[float] | None = field(default=None)
+    # Replaced, not changed in place: readings hold it (UsageReading).
+    bands: tuple[float, ...] | None = None
 
 
-class UsageReading(NamedTuple):
-    """One holder's counters as of an accounting round (what its series show)."""
-
-    device: DeviceId
-    pod: PodKey
-    allocated: float
-    idle: float | None  # None: the device has no idle signal
-    streak: float | None  # None: no idle signal, or released
-    bands: tuple[float, ...] | None  # seconds per SM activity band; None: none credited
+# One holder's counters as of an accounting round, what its series show: (device labels, pod,
+# allocated, idle, streak, bands). idle is None where the device has no idle signal; streak None
+# there too, or once released; bands (seconds per SM activity band) None until one is credited.
+# Plain data, not a class: every holder's reading is new each round, and the garbage collector
+# stops tracking a tuple of strings and numbers (bands is PodUsage's own tuple: a copy made here
+# would keep each reading tracked), so readings never reach its old generation.
+UsageReading = tuple[str, PodKey, float, float | None, float | None, tuple[float, ...] | None]
 
 
 @dataclass
@@ -140,13 +139,12 @@ class IdleAccountant:
 
     def readings(self) -> tuple[UsageReading, ...]:
         """Every holder's counters as they are now (frozen, for a published snapshot)."""
-        readings = []
+        readings: list[UsageReading] = []
         for u in self._usage.values():
             signal = self.has_idle_signal(u.device.uuid)
             idle = u.idle if signal else None
             streak = u.streak if signal and u.released_at is None else None
-            bands = None if u.bands is None else tuple(u.bands)
-            readings.append(UsageReading(u.device, u.pod, u.allocated, idle, streak, bands))
+            readings.append((u.device.labels, u.pod, u.allocated, idle, streak, u.bands))
         return tuple(readings)
 
     def has_idle_signal(self, uuid: str) -> bool:
@@ -211,9 +209,9 @@ class IdleAccountant:
             return
         usage.classified_until = end
         if banded:
-            if usage.bands is None:
-                usage.bands = [0.0] * len(SM_BANDS)
-            usage.bands[sm_band(mean)] += end - lo
+            bands = list(usage.bands or (0.0,) * len(SM_BANDS))
+            bands[sm_band(mean)] += end - lo
+            usage.bands = tuple(bands)
         if mean < self._threshold:
             span = min(end - lo, usage.allocated - usage.idle)
             usage.idle += max(0.0, span)

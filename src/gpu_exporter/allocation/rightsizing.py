@@ -110,6 +110,7 @@ class _Tenure:
     since: float  # monotonic time it was first seen
     peak: int | None = None
     activity: ActivityHistogram = field(default_factory=ActivityHistogram)
+    reading: _PeakReading | None = None  # the last one published
 
 
 @dataclass
@@ -126,6 +127,7 @@ class RightSizer:
         self._profiles = profiles
         self._tenures: dict[tuple[str, PodKey], _Tenure] = {}
         self._signals: dict[str, _Signal] = {}
+        self._reading = RightSizing()
 
     def update(self, now: float, held: Mapping[DeviceId, set[PodKey]]) -> None:
         """Follow the current holders; credit each device's new activity to its sole holder."""
@@ -164,7 +166,11 @@ class RightSizer:
                 tenure.peak = total if tenure.peak is None else max(tenure.peak, total)
 
     def reading(self) -> RightSizing:
-        """Peaks and what a fit is made from, as they are now (frozen)."""
+        """Peaks and what a fit is made from, as they are now (frozen).
+
+        A reading lives until the next round's, long enough for the garbage collector to move
+        it to its old generation: one equal to the last (a MIG instance's, until a scan raises
+        its peak) is the last one, not a new one each round."""
         shared = _shared(self._tenures)
         holders = []
         for (uuid, (namespace, pod)), tenure in self._tenures.items():
@@ -173,9 +179,14 @@ class RightSizer:
             fits = uuid not in shared and not tenure.device.is_mig
             table = self._profiles.table(uuid) if fits else None
             activity = tuple(tenure.activity.seconds) if table is not None else ()
-            peak = tenure.peak
-            holders.append(_PeakReading(tenure.device, namespace, pod, peak, table, activity))
-        return RightSizing(tuple(holders), tuple(self._profiles.compute_fractions().items()))
+            holder = _PeakReading(tenure.device, namespace, pod, tenure.peak, table, activity)
+            if tenure.reading is None or tenure.reading != holder:
+                tenure.reading = holder
+            holders.append(tenure.reading)
+        reading = RightSizing(tuple(holders), tuple(self._profiles.compute_fractions().items()))
+        if reading != self._reading:
+            self._reading = reading
+        return self._reading
 
     def samples(self) -> Iterator[Sample]:
         return self.reading().samples()
@@ -188,10 +199,11 @@ class RightSizer:
             point = self._ledger.latest(uuid, kind)
             if point is None:
                 continue
-            self._signals[uuid] = _Signal(kind, point)
             if signal is None:
+                self._signals[uuid] = _Signal(kind, point)
                 return None  # a first point
-            return interval_between(signal.point, point)
+            previous, signal.point = signal.point, point
+            return interval_between(previous, point)
         return None
 
 

@@ -90,15 +90,15 @@ def accounting_samples(
 ) -> Iterable[Sample]:
     """The time counters of every holder (``holder`` labels them: :func:`~.metrics.job_labels`
     on a Slurm node)."""
-    for usage in usages:
-        labels = holder(usage.device.labels, usage.pod[0], usage.pod[1])
-        yield Sample(ALLOCATED_SECONDS, labels, usage.allocated)
-        if usage.idle is not None:
-            yield Sample(ALLOCATED_IDLE_SECONDS, labels, usage.idle)
-            if usage.streak is not None:
-                yield Sample(IDLE_STREAK, labels, usage.streak)
-        if usage.bands is not None:
-            for band, seconds in zip(SM_BANDS, usage.bands, strict=True):
+    for device_labels, (namespace, pod), allocated, idle, streak, bands in usages:
+        labels = holder(device_labels, namespace, pod)
+        yield Sample(ALLOCATED_SECONDS, labels, allocated)
+        if idle is not None:
+            yield Sample(ALLOCATED_IDLE_SECONDS, labels, idle)
+            if streak is not None:
+                yield Sample(IDLE_STREAK, labels, streak)
+        if bands is not None:
+            for band, seconds in zip(SM_BANDS, bands, strict=True):
                 yield Sample(SM_BAND_SECONDS, band_labels(labels, band), seconds)
 
 
