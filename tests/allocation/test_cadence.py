@@ -146,7 +146,7 @@ async def test_each_round_publishes_a_new_snapshot_and_leaves_the_last_as_it_was
     assert sub.published is not kept
     assert kept.up, "a reader's snapshot changed under it"
     assert kept.allocations.holdings, "a reader's snapshot lost its holders"
-    allocated = named(series(kept.samples), "gpu_allocated_seconds_total")
+    allocated = named(series(kept.samples()), "gpu_allocated_seconds_total")
     assert list(allocated.values()) == [2], "a reader's snapshot took later rounds' time"
     assert not sub.published.allocations.holdings, "the release was not published"
     await sub.stop()

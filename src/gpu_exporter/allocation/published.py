@@ -9,8 +9,8 @@ the status page (``processes``). Nobody waits on the event loop to read a dict.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from functools import cached_property
 
 from ..exposition import Sample
 from .history import HolderSnapshot
@@ -36,8 +36,9 @@ class AllocationSnapshot:
     accounting: AccountingSeries = field(default_factory=AccountingSeries)
     trailing: tuple[Sample, ...] = ()
 
-    @cached_property
-    def samples(self) -> tuple[Sample, ...]:
-        """Every series as of this snapshot (built once, by whichever reader comes first: it
-        reads frozen values only)."""
-        return (*self.leading, *self.accounting.samples(), *self.trailing)
+    def samples(self) -> Iterator[Sample]:
+        """Every series as of this snapshot, on any thread (it reads frozen values only). The
+        time counters' samples are built as they are read, not kept: they are new every round."""
+        yield from self.leading
+        yield from self.accounting.samples()
+        yield from self.trailing

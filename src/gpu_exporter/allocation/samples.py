@@ -71,6 +71,17 @@ class UnresolvedCounts:
 HolderLabels = Callable[..., str]
 
 
+def renewed(previous: tuple[Sample, ...], samples: Iterable[Sample]) -> tuple[Sample, ...]:
+    """``samples``, or ``previous`` where they are the same series with the same values.
+
+    A published part lives for many rounds, long enough for the garbage collector to move it to
+    its old generation: rebuilding an equal one at every scan or round would fill that
+    generation with nothing new (and bring on the full collections that stall the event loop).
+    """
+    fresh = tuple(samples)
+    return previous if fresh == previous else fresh
+
+
 def holding_samples(
     allocations: Allocations, observed: Iterable[Holding] = (), *, info: bool = True
 ) -> Iterable[Sample]:

@@ -66,6 +66,7 @@ from .samples import (
     holding_samples,
     memory_samples,
     placement_samples,
+    renewed,
     sharing_samples,
     unattributed_samples,
 )
@@ -186,7 +187,8 @@ class AllocationSubsystem:
         self._holdings: tuple[Sample, ...] = ()  # who holds what, schedulable devices
         self._accounting = AccountingSeries()  # time counters and right-sizing
         self._shown: tuple[Sample, ...] = ()  # job info, sharing modes, placement
-        self._processes: tuple[Sample, ...] = ()  # per-container memory and activity
+        self._memory: tuple[Sample, ...] = ()  # per-container memory (each process scan)
+        self._activity: tuple[Sample, ...] = ()  # per-container activity (each activity read)
         self.published = AllocationSnapshot()
         self._publish()
         self._tasks: list[asyncio.Task[None]] = []
@@ -217,7 +219,7 @@ class AllocationSubsystem:
 
     def samples(self) -> Iterable[Sample]:
         """The published series (SampleSource, read at render on the event loop)."""
-        return self.published.samples
+        return self.published.samples()
 
     def holders(self) -> HolderSnapshot:
         """Who held which device, as published: an immutable value, so any thread may call
@@ -362,14 +364,16 @@ class AllocationSubsystem:
         self._holdings_for = allocations
         source, owners = self._source, self._owners
         observed = owners.observed_now(allocations) if source.info else ()
-        self._holdings = tuple(holding_samples(allocations, observed, info=source.info))
+        holdings = holding_samples(allocations, observed, info=source.info)
+        self._holdings = renewed(self._holdings, holdings)
         gpus = [d.id for d in self._devices() if not d.id.is_mig]
         placed = self.published.placement if placement is None else placement
-        self._shown = (
+        shown = (
             *source.holder_samples(),
             *sharing_samples(gpus, allocations, owners.mps, owners.compute_modes),
             *placement_samples(placed, allocations),
         )
+        self._shown = renewed(self._shown, shown)
 
     def _rebuild_accounting(self) -> None:
         if not self._up:
@@ -381,11 +385,12 @@ class AllocationSubsystem:
     def _rebuild_processes(self) -> None:
         labels, owners = self._source.holder_labels, self._owners
         sampled = [d.id for d in self._devices() if not d.id.is_mig and d.id.mig_mode != "enabled"]
-        self._processes = (
-            *memory_samples(owners.memory, labels),
+        self._memory = renewed(self._memory, memory_samples(owners.memory, labels))
+        activity = (
             *activity_samples(owners.activity, labels),
             *unattributed_samples(sampled, owners.unattributed, owners.activity),
         )
+        self._activity = renewed(self._activity, activity)
 
     def _publish(
         self,
@@ -398,20 +403,21 @@ class AllocationSubsystem:
         """Replace the published snapshot: the source's state, the series' parts as they are
         now, and the values given (the last published otherwise)."""
         last, source = self.published, self._source
+        leading = (
+            Sample(SOURCE_UP, source.labels, 1.0 if self._up else 0.0),
+            Sample(SOURCE_TRANSITIONS, source.labels, float(self._transitions)),
+            *source.self_samples(),
+            *self._holdings,
+        )
         self.published = AllocationSnapshot(
             up=self._up,
             allocations=last.allocations if allocations is None else allocations,
             holders=last.holders if holders is None else holders,
             processes=last.processes if processes is None else processes,
             placement=last.placement if placement is None else placement,
-            leading=(
-                Sample(SOURCE_UP, source.labels, 1.0 if self._up else 0.0),
-                Sample(SOURCE_TRANSITIONS, source.labels, float(self._transitions)),
-                *source.self_samples(),
-                *self._holdings,
-            ),
+            leading=renewed(last.leading, leading),
             accounting=self._accounting,
-            trailing=(*self._shown, *self._processes),
+            trailing=renewed(last.trailing, (*self._shown, *self._memory, *self._activity)),
         )
 
     def _warn(self, key: str, event: str, **fields: Any) -> None:
