@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Sequence
 
 from gpu_exporter.allocation.accounting import IdleAccountant, PodUsage
@@ -230,3 +231,24 @@ def test_mig_instances_are_accounted_separately() -> None:
         accountant.update(clock.now, held)
     assert usage(accountant, MIG_B1, TRAIN).idle == 0
     assert [u.device for u in accountant.usages()] == [MIG_B1]
+
+
+def test_a_rounds_readings_are_plain_data_the_garbage_collector_stops_tracking() -> None:
+    """Every holder's reading is new each round and lives until the next: were it tracked, each
+    collection would move a round's worth into the old generation (and bring on the full
+    collections that stall the event loop)."""
+    ledger, clock = ActivityLedger(), FakeClock()
+    accountant = IdleAccountant(ledger, threshold=0.05)
+    feed = Feed(ledger, GPU_A, ActivityKind.SM_ACTIVE)
+    for ratio in (0.0, 0.5, 0.9):
+        feed.sample(clock.now, ratio)
+        accountant.update(clock.now, {GPU_A: {TRAIN, NOTEBOOK}})
+        clock.advance(1)
+    gc.collect()  # the accountant's state is old, as in a running exporter
+    feed.sample(clock.now, 0.0)
+    accountant.update(clock.now, {GPU_A: {TRAIN, NOTEBOOK}})
+    readings = accountant.readings()
+    gc.collect(0)
+    assert sorted(r[:2] for r in readings) == [(GPU_A.labels, TRAIN), (GPU_A.labels, NOTEBOOK)]
+    assert all(r[5] is not None for r in readings), "no SM band was credited"
+    assert not any(gc.is_tracked(r) for r in readings), "a reading stays tracked"

@@ -11,6 +11,7 @@ import pytest
 from gpu_exporter.allocation.processes import GpuProcess, NvmlProcessLister
 from gpu_exporter.allocation.subsystem import AllocationSettings, AllocationSubsystem
 from gpu_exporter.devices import Device
+from gpu_exporter.exposition import Sample
 from gpu_exporter.ledger import ActivityLedger
 from gpu_exporter.nvml import WorkerPool
 from gpu_exporter.simulator.procfs import cgroup_text, container_id, pod_uid
@@ -134,6 +135,40 @@ async def test_new_pod_names_are_picked_up(
         labels(UUID_A, "0", "ml", "train", "trainer"): GIB
     }
     await sub.stop()
+
+
+async def test_a_scan_that_finds_the_same_processes_keeps_the_last_scans_objects(
+    kubelet: FakeKubelet, pool: WorkerPool, tmp_path: Path
+) -> None:
+    """A scan's state lives until the next scan: rebuilt equal, it would be moved to the
+    garbage collector's old generation at every scan for nothing (and bring on full
+    collections, which stall the event loop)."""
+    kubelet.hold("ml", "train", "trainer", "nvidia.com/gpu", UUID_A)
+    make_pod(tmp_path, "ml", "train", ["trainer"], {100: "trainer", 101: "trainer"})
+    processes = Processes({UUID_A: [GpuProcess(100, 2 * GIB), GpuProcess(101, GIB)]})
+    sub = make_subsystem(kubelet, pool, tmp_path, processes)
+    await sub.poll()
+    sub.round_done()
+    await sub.scan_processes()
+    before, samples = sub.processes, scanned_samples(sub)
+    await sub.scan_processes()
+    assert all(a is b for a, b in zip(sub.processes, before, strict=True)), "rebuilt equal"
+    assert all(a is b for a, b in zip(scanned_samples(sub), samples, strict=True)), "rebuilt"
+    processes.by_uuid[UUID_A][1] = GpuProcess(101, 3 * GIB)
+    await sub.scan_processes()
+    trainer, grown = sub.processes
+    assert trainer is before[0], "an unchanged process was rebuilt with its neighbour"
+    assert grown.process.used_bytes == 3 * GIB, "a process whose memory grew kept its old figure"
+    assert named(series(sub.samples()), "gpu_container_memory_used_bytes") == {
+        labels(UUID_A, "0", "ml", "train", "trainer"): 5 * GIB
+    }
+    await sub.stop()
+
+
+def scanned_samples(sub: AllocationSubsystem) -> list[Sample]:
+    """The series a process scan's findings show (who holds what, memory)."""
+    shown = {"gpu_allocation_info", "gpu_allocated", "gpu_container_memory_used_bytes"}
+    return [s for s in sub.samples() if s.family.name in shown]
 
 
 def test_nvml_lister_through_the_simulator() -> None:

@@ -144,16 +144,18 @@ class ProcessOwners:
         allocations: Allocations,
         listed: frozenset[PodKey] | None,
         jobs: Mapping[int, str] | None = None,
-    ) -> None:
+    ) -> bool:
         """``listed``: the pods the kubelet lists, None while it does not answer (then every
         pod a log directory names counts as listed: none is called gone on a kubelet outage, and
-        no process as not held). ``jobs``: on a Slurm node, PID -> job id."""
+        no process as not held). ``jobs``: on a Slurm node, PID -> job id. Whether what the
+        series show of the processes changed (classes, memory, MPS clients, compute modes)."""
         if result.pods:
             self.pod_names = result.pods
         now = self._wall_clock()
         mps = {p.device.uuid for p in result.processes if p.mps}
-        self.mps = self.mps if mps == self.mps else mps
-        self.compute_modes = result.compute_modes
+        modes_changed = (mps, result.compute_modes) != (self.mps, self.compute_modes)
+        if modes_changed:
+            self.mps, self.compute_modes = mps, result.compute_modes
         memory: MemoryUse = {}
         holders = _ContainerIndex(allocations)
         held = None  # unknown until the kubelet answers
@@ -184,7 +186,7 @@ class ProcessOwners:
             key = (process.device, *pod, container)
             memory.setdefault(key, []).append(process.used_bytes)
         self._forget_pids(now)
-        self._publish_scan(classified, memory)
+        return self._publish_scan(classified, memory) or modes_changed
 
     def _saw(self, pid: int, owner: Owner, now: float) -> None:
         if self._pids.get(pid) != owner:
@@ -196,23 +198,24 @@ class ProcessOwners:
         for pid in expired:
             del self._pids[pid], self._pids_seen[pid]
 
-    def _publish_scan(self, classified: list[ClassifiedProcess], memory: MemoryUse) -> None:
-        """Keep what the scan shows, reusing the last scan's objects where they did not change.
+    def _publish_scan(self, classified: list[ClassifiedProcess], memory: MemoryUse) -> bool:
+        """Keep what the scan shows, reusing the last scan's objects where they did not change;
+        whether the processes' classes or memory changed.
 
         A scan's state lives until the next scan, long enough for the garbage collector to move
         it to its old generation; rebuilding an equal one every scan would fill that generation
         (and bring on full collections, which stall the event loop) with nothing new."""
         known = {(p.device.uuid, p.process.pid): p for p in self.classified}
         scanned = tuple(_as_before(known, p) for p in classified)
-        if scanned != self.classified:
-            self.classified = scanned
+        changed = (scanned, memory) != (self.classified, self.memory)
+        if changed:
+            self.classified, self.memory = scanned, memory
             self.observed = observed_holdings(scanned)
             self.unattributed.update(scanned)
-        if memory != self.memory:
-            self.memory = memory
         by_pid = {pid: owner[:2] for pid, owner in self._pids.items()}
         if by_pid != self.by_pid:
             self.by_pid = MappingProxyType(by_pid)
+        return changed
 
     def owner_of(self, pid: int) -> Owner | None:
         """The container a PID ran in, or its unattributed class (per-process activity)."""

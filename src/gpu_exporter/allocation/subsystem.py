@@ -308,14 +308,15 @@ class AllocationSubsystem:
         if result.failed:
             self._warn("scan-failed", "process listing failed", uuids=result.failed)
         owners = self._owners
-        owners.apply(result, self.published.allocations, self._source.listed_pods, jobs)
+        changed = owners.apply(result, self.published.allocations, self._source.listed_pods, jobs)
         self._rightsizer.observe_memory(owners.memory)
         holders = self.published.holders
         if owners.by_pid != holders.by_pid:
             holders = self._history.snapshot(owners.by_pid)
-        self._rebuild_holdings(self.published.allocations)
+        if changed:  # a scan that found what the last one did builds no series again
+            self._rebuild_holdings(self.published.allocations)
+            self._rebuild_processes()
         self._rebuild_accounting()  # the peaks right-sizing fits
-        self._rebuild_processes()
         self._publish(holders=holders, processes=owners.classified)
 
     async def sample_activity(self) -> None:
@@ -325,7 +326,7 @@ class AllocationSubsystem:
             return
         if first_own:
             self._rebuild_accounting()  # a shared device's first own samples: its idle series
-        self._rebuild_processes()
+        self._rebuild_processes(memory=False)
         self._publish()
 
     # -- internals ---------------------------------------------------------------------------
@@ -382,10 +383,12 @@ class AllocationSubsystem:
         usages, rightsizing = self._accountant.readings(), self._rightsizer.reading()
         self._accounting = AccountingSeries(usages, rightsizing, self._source.holder_labels)
 
-    def _rebuild_processes(self) -> None:
+    def _rebuild_processes(self, *, memory: bool = True) -> None:
+        """``memory`` False: only the activity read changed (the memory is the last scan's)."""
         labels, owners = self._source.holder_labels, self._owners
         sampled = [d.id for d in self._devices() if not d.id.is_mig and d.id.mig_mode != "enabled"]
-        self._memory = renewed(self._memory, memory_samples(owners.memory, labels))
+        if memory:
+            self._memory = renewed(self._memory, memory_samples(owners.memory, labels))
         activity = (
             *activity_samples(owners.activity, labels),
             *unattributed_samples(sampled, owners.unattributed, owners.activity),
