@@ -51,6 +51,32 @@ def renders(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return threads
 
 
+class HeldRenders:
+    """Renders on any thread but the loop's wait for :attr:`release` once :attr:`started` is
+    set; every render's thread is recorded in :attr:`threads`."""
+
+    def __init__(self) -> None:
+        self.started, self.release = threading.Event(), threading.Event()
+        self.threads: list[threading.Thread] = []
+
+
+@pytest.fixture
+def held(monkeypatch: pytest.MonkeyPatch) -> HeldRenders:
+    renders = HeldRenders()
+    loop = threading.current_thread()
+    original = exposition.render_blocks
+
+    def held_off_the_loop(*args: object) -> exposition.Exposition:
+        renders.threads.append(threading.current_thread())
+        if threading.current_thread() is not loop:
+            renders.started.set()
+            renders.release.wait(10)
+        return original(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr("gpu_exporter.sampler.core.render_blocks", held_off_the_loop)
+    return renders
+
+
 async def fast_round(sim: SimulatedSampler) -> None:
     sim.clock.advance(1.0)
     await sim.sampler.sample_round(Cadence.FAST)
@@ -95,19 +121,9 @@ async def test_a_scrape_of_rounds_nobody_read_renders_them_on_a_thread(
 
 
 async def test_a_scraper_hanging_up_does_not_stop_the_render_another_waits_for(
-    monkeypatch: pytest.MonkeyPatch,
+    held: HeldRenders,
 ) -> None:
-    started, release = threading.Event(), threading.Event()
-    threads: list[threading.Thread] = []
-    original = exposition.render_blocks
-
-    def held(*args: object) -> exposition.Exposition:
-        threads.append(threading.current_thread())
-        started.set()
-        release.wait(10)
-        return original(*args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr("gpu_exporter.sampler.core.render_blocks", held)
+    started, release, threads = held.started, held.release, held.threads
     async with simulated_sampler(SCENARIO) as sim:
         await fast_round(sim)
         sim.sampler.note_read()
@@ -227,21 +243,10 @@ async def test_while_scraped_a_slow_round_settling_after_the_fast_one_is_rendere
 
 
 async def test_a_round_settling_during_anothers_render_joins_it_and_returns_when_shown(
-    monkeypatch: pytest.MonkeyPatch,
+    held: HeldRenders, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    started, release = threading.Event(), threading.Event()
+    started, release, threads = held.started, held.release, held.threads
     loop = threading.current_thread()
-    threads: list[threading.Thread] = []
-    original = exposition.render_blocks
-
-    def held_off_the_loop(*args: object) -> exposition.Exposition:
-        threads.append(threading.current_thread())
-        if threading.current_thread() is not loop:
-            started.set()
-            release.wait(10)
-        return original(*args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr("gpu_exporter.sampler.core.render_blocks", held_off_the_loop)
     async with simulated_sampler(SCENARIO) as sim:
         await fast_round(sim)
         previous = scrape(sim)
@@ -295,19 +300,9 @@ async def test_a_read_that_is_not_a_scrape_leaves_the_next_round_as_it_was(
 
 
 async def test_a_read_while_the_round_renders_gets_the_previous_round_and_keeps_news(
-    monkeypatch: pytest.MonkeyPatch,
+    held: HeldRenders,
 ) -> None:
-    started, release = threading.Event(), threading.Event()
-    loop = threading.current_thread()
-    original = exposition.render_blocks
-
-    def held_off_the_loop(*args: object) -> exposition.Exposition:
-        if threading.current_thread() is not loop:
-            started.set()
-            release.wait(10)
-        return original(*args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr("gpu_exporter.sampler.core.render_blocks", held_off_the_loop)
+    started, release = held.started, held.release
     async with simulated_sampler(SCENARIO) as sim:
         await fast_round(sim)
         previous = scrape(sim)
