@@ -29,7 +29,9 @@ run: $(STAMP)
 ## grpc-go's sources for the grpc-go kubelet of tests/allocation/test_grpc_go.py (built offline
 ## in GOPATH mode)
 system-deps:
-	@if command -v promtool >/dev/null && command -v amtool >/dev/null && command -v chromium >/dev/null \
+	@if command -v prometheus >/dev/null && command -v promtool >/dev/null \
+		&& command -v prometheus-alertmanager >/dev/null && command -v amtool >/dev/null \
+		&& command -v chromium >/dev/null \
 		&& command -v victoria-metrics >/dev/null && command -v vmagent >/dev/null \
 		&& command -v vmalert >/dev/null \
 		&& command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v munged >/dev/null \
