@@ -181,19 +181,56 @@ class StallTrace:
                 }
             )
 
-    def wakeup(self, due: float, woke: float, loop_cpu_s: float, process_cpu_s: float) -> None:
+    def thread_cpu(self) -> dict[int, float]:
+        """Each live thread's CPU seconds so far, by thread id (one clock read per thread)."""
+        cpu: dict[int, float] = {}
+        for thread in threading.enumerate():
+            if thread.ident is None:
+                continue
+            try:
+                cpu[thread.ident] = time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+            except (OSError, ValueError):  # ended between the listing and the read
+                continue
+        return cpu
+
+    def wakeup(
+        self,
+        due: float,
+        woke: float,
+        loop_cpu_s: float,
+        process_cpu_s: float,
+        threads_before: dict[int, float] | None = None,
+    ) -> None:
         """One wake-up of the probe, late by ``woke - due``; the CPU the loop thread and the
         process spent over its sleep tells a busy loop from a loop waiting for the GIL (the
-        process busy elsewhere) or for a core (neither busy)."""
-        if woke - due >= self.threshold_s:
-            self.wakeups.append(
-                {
-                    "at": woke,
-                    "late_ms": (woke - due) * 1000,
-                    "loop_cpu_ms": loop_cpu_s * 1000,
-                    "process_cpu_ms": process_cpu_s * 1000,
-                }
-            )
+        process busy elsewhere) or for a core (neither busy). With ``threads_before`` (each
+        thread's CPU when the sleep began), the threads that ran over the sleep are named with
+        their CPU and where each one is at the wake-up: on a simulated node, where a worker
+        thread spent CPU it held the GIL, so that is who the loop waited for."""
+        if woke - due < self.threshold_s:
+            return
+        wake: dict[str, Any] = {
+            "at": woke,
+            "late_ms": (woke - due) * 1000,
+            "loop_cpu_ms": loop_cpu_s * 1000,
+            "process_cpu_ms": process_cpu_s * 1000,
+        }
+        if threads_before is not None:
+            names = {t.ident: t.name for t in threading.enumerate()}
+            frames = sys._current_frames()
+            busy = []
+            for ident, cpu in self.thread_cpu().items():
+                spent = (cpu - threads_before.get(ident, cpu)) * 1000
+                if spent >= 0.5:
+                    busy.append(
+                        {
+                            "thread": names.get(ident, str(ident)),
+                            "cpu_ms": spent,
+                            "now_at": _where(frames.get(ident)),
+                        }
+                    )
+            wake["threads"] = sorted(busy, key=lambda t: -t["cpu_ms"])
+        self.wakeups.append(wake)
 
     def dump(self, seq: int) -> None:
         """Write what was traced since the last dump, each long wake-up with what overlapped its
@@ -219,6 +256,16 @@ class StallTrace:
         tmp = self.target.with_name(self.target.name + ".tmp")
         tmp.write_text(json.dumps(data, default=str))
         os.replace(tmp, self.target)
+
+
+def _where(frame: Any) -> list[str]:
+    """The innermost few frames of a thread's stack, as ``file:line function``."""
+    where: list[str] = []
+    while frame is not None and len(where) < 6:
+        code = frame.f_code
+        where.append(f"{Path(code.co_filename).name}:{frame.f_lineno} {code.co_name}")
+        frame = frame.f_back
+    return where
 
 
 def describe(handle: asyncio.events.Handle) -> str:
@@ -251,6 +298,7 @@ class Probe:
         try:
             while True:
                 loop_cpu, process_cpu = time.thread_time(), time.process_time()
+                threads = self.trace.thread_cpu() if self.trace is not None else None
                 due = loop.time() + self.interval_s
                 await asyncio.sleep(self.interval_s)
                 woke = loop.time()
@@ -261,6 +309,7 @@ class Probe:
                         woke,
                         time.thread_time() - loop_cpu,
                         time.process_time() - process_cpu,
+                        threads,
                     )
         finally:
             self.dump()

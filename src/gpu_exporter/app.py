@@ -151,7 +151,7 @@ def build_exporter(config: Config, host: Host) -> Exporter:
         allocation = _build_allocation(
             config, host, sampler, pool, ledger=ledger, mig_profiles=mig_profiles, errors=errors
         )
-        sampler.add_source(allocation)
+        sampler.add_source(allocation, frozen=True)  # its samples read the published snapshot
         sampler.add_round_listener(allocation)
     dcgm = _build_dcgm(config, host, sampler, pool, dcgm_link)
     if dcgm is not None:
@@ -231,8 +231,21 @@ def _build_dcgm(
 
 
 def _pool_size() -> int:
-    # NVML releases the GIL; a few threads keep 8-64 devices' calls overlapping.
-    return max(4, min(16, (os.cpu_count() or 2) * 2))
+    """One worker per CPU this process may run on, 2 to 16.
+
+    NVML releases the GIL in the driver, so workers overlap devices' calls; but the driver's
+    side of a call is CPU time too, and a worker beyond the CPUs can only wait for one, or for
+    the GIL. A worker waiting for the GIL is one more that the event loop queues behind: the
+    interpreter hands the GIL on after its switch interval (5 ms) to whichever thread waited
+    longest, so the loop's longest wait grows with the workers that run Python at once
+    (docs/performance.md, "Longest event-loop stall"). At least 2, so that one hung call never
+    holds up every other device until the round gives up on it. The CPUs are the affinity
+    mask's (a pinned container's cpuset), not the host's count."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity masks on this platform (macOS)
+        cpus = os.cpu_count() or 2
+    return max(2, min(16, cpus))
 
 
 def _visible_gpus(sampler: Sampler) -> int | None:
@@ -281,6 +294,7 @@ def _build_allocation(
         process_interval=5.0 if config.container_memory else None,
         call_timeout=call_timeout,
         allocatable_interval=config.slow_interval,
+        phase=config.fast_interval / 2,  # between the sampler's rounds
     )
     return AllocationSubsystem(
         settings,

@@ -9,6 +9,8 @@ import asyncio
 import gc
 import json
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -112,6 +114,35 @@ def test_a_late_wake_up_is_traced_with_what_ran_during_its_sleep(tmp_path: Path)
         f"or began after the wake-up is not its cause: {named}"
     )
     assert (trace.callbacks, trace.wakeups) == ([], []), "a dump must start the next window"
+
+
+def test_a_late_wake_up_names_the_threads_that_ran_over_its_sleep(tmp_path: Path) -> None:
+    trace = StallTrace(tmp_path / "trace.json", threshold_ms=2.0)
+    spinning = threading.Event()
+    stop = threading.Event()
+
+    def spin() -> None:
+        spinning.set()
+        while not stop.is_set():
+            sum(range(1000))
+
+    worker = threading.Thread(target=spin, name="busy-worker")
+    worker.start()
+    try:
+        spinning.wait()
+        before = trace.thread_cpu()
+        began = time.monotonic()
+        while time.monotonic() - began < 0.05:  # the worker has the GIL for some of this
+            pass
+        trace.wakeup(0.0, 0.030, loop_cpu_s=0.0, process_cpu_s=0.0, threads_before=before)
+    finally:
+        stop.set()
+        worker.join()
+    [wake] = trace.wakeups
+    named = {t["thread"]: t for t in wake["threads"]}
+    assert "busy-worker" in named, f"the spinning thread was not named: {wake['threads']}"
+    assert named["busy-worker"]["cpu_ms"] >= 0.5
+    assert any("spin" in frame for frame in named["busy-worker"]["now_at"]), named["busy-worker"]
 
 
 def test_the_stall_cell_probes_the_real_exporters_loop_while_it_is_scraped(

@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import os
 import threading
 
 import pytest
 
+from gpu_exporter.app import _pool_size
 from gpu_exporter.nvml import CallTimedOut, PoolExhausted, WorkerPool
 
 
@@ -134,3 +136,17 @@ async def test_a_call_is_refused_while_too_many_workers_are_stuck() -> None:
     finally:
         release.set()
         pool.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("cpus", "workers"),
+    [(1, 2), (2, 2), (6, 6), (16, 16), (128, 16)],
+)
+def test_the_exporter_runs_one_worker_per_cpu_it_may_use_two_to_sixteen(
+    monkeypatch: pytest.MonkeyPatch, cpus: int, workers: int
+) -> None:
+    """Workers beyond the CPUs only queue for the GIL, and the event loop queues behind them;
+    two at least, so that one hung call never holds up every other device."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cpus)), raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 4096)  # the host's count is not the answer
+    assert _pool_size() == workers

@@ -201,26 +201,47 @@ async def test_while_scraped_the_round_formats_the_self_metrics_on_its_render_th
     )
 
 
-async def test_the_sources_are_read_on_the_loop_as_their_samples_are_generated() -> None:
-    reads: list[str] = []
+class ThreadRecordingSource:
+    """A source whose samples note the thread that generates each of them."""
 
-    class Source:
-        families: Sequence[exposition.Family] = (SOURCE_SERIES,)
+    families: Sequence[exposition.Family] = (SOURCE_SERIES,)
 
-        def samples(self) -> Iterator[exposition.Sample]:
-            for gpu in ("0", "1"):
-                reads.append(threading.current_thread().name)
-                yield exposition.Sample(SOURCE_SERIES, f'gpu="{gpu}"', 1.0)
+    def __init__(self) -> None:
+        self.reads: list[str] = []
 
+    def samples(self) -> Iterator[exposition.Sample]:
+        for gpu in ("0", "1"):
+            self.reads.append(threading.current_thread().name)
+            yield exposition.Sample(SOURCE_SERIES, f'gpu="{gpu}"', 1.0)
+
+
+async def generated_by_a_scraped_round(frozen: bool) -> tuple[list[str], str]:
+    """The threads that generated a source's samples for a round rendered as it settled (the
+    exposition was read after the round before), and the exposition's text after it."""
+    source = ThreadRecordingSource()
     async with simulated_sampler(SCENARIO) as sim:
-        sim.sampler.add_source(Source())
+        sim.sampler.add_source(source, frozen=frozen)
         await fast_round(sim)
         scrape(sim)
-        reads.clear()
+        source.reads.clear()
         await fast_round(sim)  # rendered on a thread as it settles
         text = sim.sampler.exposition.text.decode()
+    return source.reads, text
+
+
+async def test_the_sources_are_read_on_the_loop_as_their_samples_are_generated() -> None:
+    reads, text = await generated_by_a_scraped_round(frozen=False)
     loop = threading.current_thread().name
     assert reads == [loop, loop], f"the source's samples were generated on {reads}, not the loop"
+    assert 'gpu_source_series{gpu="1"} 1\n' in text, "the render lacks the source's samples"
+
+
+async def test_a_frozen_sources_samples_are_generated_by_the_render_thread() -> None:
+    reads, text = await generated_by_a_scraped_round(frozen=True)
+    assert len(reads) == 2, f"the round's render generated the source's samples {reads}"
+    assert all(name.startswith("render") for name in reads), (
+        f"a frozen source's samples were generated on {reads}, not the render thread"
+    )
     assert 'gpu_source_series{gpu="1"} 1\n' in text, "the render lacks the source's samples"
 
 

@@ -86,7 +86,11 @@ class AllocationSettings:
     ``call_timeout``: each kubelet call's deadline, and the Slurm read's (a process scan or
     topology read gets at least 5 s). ``allocatable_interval``: how often
     ``GetAllocatableResources`` is asked when nothing changed. ``self_pod``: the exporter's own
-    pod, whose allocations are not counted. ``sysfs_path`` None: placement asks NVML only."""
+    pod, whose allocations are not counted. ``sysfs_path`` None: placement asks NVML only.
+    ``phase``: where in each interval of loop time the poll, process scan and activity read
+    tick; half the sampler's fast interval, whose rounds tick at 0, so that their work (the
+    process scan's and activity read's on the worker threads, the poll's on the loop) falls
+    between rounds instead of adding to one while the loop waits for the GIL."""
 
     socket_path: Path
     proc_path: Path = Path("/proc")
@@ -100,6 +104,7 @@ class AllocationSettings:
     process_interval: float | None = 5.0
     call_timeout: float = 2.0
     allocatable_interval: float = 30.0
+    phase: float = 0.5
 
 
 class AllocationSubsystem:
@@ -218,7 +223,8 @@ class AllocationSubsystem:
     # -- what others read --------------------------------------------------------------------
 
     def samples(self) -> Iterable[Sample]:
-        """The published series (SampleSource, read at render on the event loop)."""
+        """The published series (SampleSource): those of the snapshot published now, read on
+        any thread (the sampler adds this source frozen, so its render thread reads them)."""
         return self.published.samples()
 
     def holders(self) -> HolderSnapshot:
@@ -332,7 +338,7 @@ class AllocationSubsystem:
     # -- internals ---------------------------------------------------------------------------
 
     async def _every(self, interval: float, step: Callable[[], Coroutine[Any, Any, None]]) -> None:
-        async for _ in ticks(interval):
+        async for _ in ticks(interval, self.settings.phase):
             if self._stopping:
                 return
             try:

@@ -17,7 +17,7 @@ import pynvml
 from ..collectors import ALL_COLLECTORS, Cadence, Collector, CollectorContext
 from ..dcgm.readings import DcgmLink
 from ..devices import Device, DeviceId, Gpu, SystemInfo, discover_gpu, init_nvml
-from ..exposition import Block, Exposition, render, render_blocks
+from ..exposition import Exposition, render, render_blocks
 from ..ledger import ActivityLedger
 from ..logs import RateLimitedLog, get_logger
 from ..migprofiles import MigProfileBook
@@ -35,7 +35,7 @@ from .health import loops_healthy, problems
 from .jobs import Batch, Job, Pending, close_jobs, make_jobs, settle
 from .liveness import GpuState, Liveness
 from .outcomes import Outcomes
-from .rendering import IdentityCache, exposition_parts, family_order
+from .rendering import IdentityCache, Part, blocks_of, exposition_parts, family_order
 from .selfmetrics import SelfMetrics
 from .sources import DeviceListener, RoundListener, SampleSource
 
@@ -99,7 +99,7 @@ class Sampler:
         self._outcomes = Outcomes(
             pool, self._errors, self._rlog, clock=clock, nvml_timeout=settings.nvml_timeout
         )
-        self._sources: list[SampleSource] = []
+        self._sources: list[tuple[SampleSource, bool]] = []  # each with: frozen (add_source)
         self._identities = IdentityCache()
         self._self_metrics = SelfMetrics(
             (c.name for c in self._collector_types), durations=settings.collector_durations
@@ -174,8 +174,12 @@ class Sampler:
     def add_round_listener(self, listener: RoundListener) -> None:
         self._round_listeners.append(listener)
 
-    def add_source(self, source: SampleSource) -> None:
-        self._sources.append(source)
+    def add_source(self, source: SampleSource, *, frozen: bool = False) -> None:
+        """Add ``source``'s series to the exposition, after those added before it. ``frozen``:
+        the iterable its ``samples()`` returns (asked on the event loop) reads only values that
+        nothing changes afterwards, a published snapshot, so a round's render writes it on the
+        render thread instead of the loop."""
+        self._sources.append((source, frozen))
         self._family_order = family_order(self._collector_types, self._sources)
 
     # -- what the HTTP side reads ------------------------------------------------------------
@@ -190,7 +194,7 @@ class Sampler:
         a reader that serves the exposition says so with :meth:`note_read`."""
         if self._shown < self._news_count and self._ahead != self._news_count:
             self._shown = self._news_count
-            self._exposition = render_blocks(self._parts(), self._family_order)
+            self._exposition = render_blocks(blocks_of(self._parts()), self._family_order)
         return self._exposition
 
     async def read_exposition(self) -> Exposition:
@@ -278,7 +282,9 @@ class Sampler:
     # -- rounds ------------------------------------------------------------------------------
 
     async def _loop(self, cadence: Cadence, interval: float) -> None:
-        async for _ in ticks(interval):
+        # Phase 0: rounds tick on multiples of their interval of loop time, and other parts
+        # that keep a fixed rate tick between them (AllocationSettings.phase).
+        async for _ in ticks(interval, phase=0.0):
             await self.sample_round(cadence)
 
     async def sample_round(self, cadence: Cadence) -> None:
@@ -542,14 +548,14 @@ class Sampler:
             self._ahead = self._rendering = None
             rendering.set_result(None)
 
-    def _render(self, parts: list[Block], gzipped: tuple[bool, ...]) -> Exposition:
+    def _render(self, parts: list[Part], gzipped: tuple[bool, ...]) -> Exposition:
         """On a thread: the exposition of ``parts``, with the gzip bodies scrapers will ask for."""
-        exposition = render_blocks(parts, self._family_order)
+        exposition = render_blocks(blocks_of(parts), self._family_order)
         for openmetrics in gzipped:
             exposition.body(openmetrics=openmetrics, gzipped=True)
         return exposition
 
-    def _parts(self) -> list[Block]:
+    def _parts(self) -> list[Part]:
         jobs = (job for state in self._gpus for job in state.jobs)
         self_samples = self._self_metrics.samples(
             jobs,

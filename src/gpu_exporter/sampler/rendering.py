@@ -2,7 +2,9 @@
 samples (the block the job wrote), the other parts' sources, the sampler's self-metrics.
 Gathering the parts (:func:`exposition_parts`, on the event loop) only records values; their
 lines are formatted by the render that reads them, so that a round's render can gather on the
-event loop and format on a thread."""
+event loop and format on a thread. A source whose samples are those of a published snapshot is
+not even gathered there: its part is the snapshot's samples, still to be written into a block by
+the render (:func:`blocks_of`), on the thread."""
 
 from __future__ import annotations
 
@@ -18,12 +20,12 @@ from .sources import SampleSource
 
 
 def family_order(
-    collector_types: Iterable[type[Collector]], sources: Iterable[SampleSource]
+    collector_types: Iterable[type[Collector]], sources: Iterable[tuple[SampleSource, bool]]
 ) -> list[Family]:
     families: list[Family] = list(identity.FAMILIES)
     for collector_type in collector_types:
         families.extend(collector_type.families)
-    for source in sources:
+    for source, _ in sources:
         families.extend(source.families)
     families.extend(SELF_FAMILIES)
     return families
@@ -75,21 +77,37 @@ class IdentityCache:
         return sample
 
 
+# A part of the exposition: a block, or a published snapshot's samples that the render writes
+# into one (exposition_parts).
+Part = Block | Iterable[Sample]
+
+
 def exposition_parts(
     system: SystemInfo | None,
     gpus: Sequence[GpuState],
     identities: IdentityCache,
-    sources: Iterable[SampleSource],
+    sources: Iterable[tuple[SampleSource, bool]],
     self_samples: Iterable[Sample],
-) -> list[Block]:
+) -> list[Part]:
     """The exposition's parts in order, as of now: identity, every job's block, sources and
     self-metrics. Called on the event loop, where the parts' state is written. The sources' and
     self-metrics' samples are written into blocks as they are generated, each sample dropped
     once written rather than held until a render on another thread reads it: what the loop
-    builds and a render holds is one object per part (exposition.Block)."""
-    parts = [identities.block(system, gpus)]
+    builds and a render holds is one object per part (exposition.Block). A source marked
+    frozen (``(source, True)``: its samples read a published snapshot only) is the exception:
+    its part is the iterable its ``samples()`` returns, unread, for the render to write
+    (:func:`blocks_of`) wherever it runs. On ``mig56`` that is the allocation's rows, most of
+    what gathering cost the loop."""
+    parts: list[Part] = [identities.block(system, gpus)]
     for state in gpus:
         parts.extend(job.block for job in state.jobs)
-    parts.extend(render_block(source.samples()) for source in sources)
+    for source, frozen in sources:
+        parts.append(source.samples() if frozen else render_block(source.samples()))
     parts.append(render_block(self_samples))
     return parts
+
+
+def blocks_of(parts: Iterable[Part]) -> Iterator[Block]:
+    """Each part as a block: a snapshot's samples are written into one now."""
+    for part in parts:
+        yield part if isinstance(part, Block) else render_block(part)

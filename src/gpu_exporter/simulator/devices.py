@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import uuid
 import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -95,11 +96,25 @@ class Activity:
     """Workloads on one schedulable device (a whole GPU or a MIG instance)."""
 
     def __init__(self) -> None:
-        self.workloads: list[Workload] = []
+        self._workloads: tuple[Workload, ...] = ()
+        # Each metric's signals, one per workload: every read and integration asks for them.
+        self._signals: dict[Metric, tuple[Placed, ...]] = {}
         self.acc = Accumulators()
 
-    def signals(self, metric: Metric) -> list[Placed]:
-        return [w.signal(metric) for w in self.workloads]
+    @property
+    def workloads(self) -> tuple[Workload, ...]:
+        return self._workloads
+
+    @workloads.setter
+    def workloads(self, workloads: Iterable[Workload]) -> None:
+        self._workloads = tuple(workloads)
+        self._signals = {}
+
+    def signals(self, metric: Metric) -> tuple[Placed, ...]:
+        signals = self._signals.get(metric)
+        if signals is None:
+            signals = self._signals[metric] = tuple(w.signal(metric) for w in self._workloads)
+        return signals
 
     def integrate(self, a: float, b: float) -> Accumulators:
         """Integrals over [a, b] (and add them to the running totals)."""
@@ -265,7 +280,7 @@ class GpuDevice(Activity):
         delta = Accumulators()
         for mig in self.migs:
             delta.add(mig.integrate(a, b), mig.weight)
-        everything = [w.signal("util") for m in self.migs for w in m.workloads]
+        everything = [signal for m in self.migs for signal in m.signals("util")]
         delta.idle = integrate(everything, a, b).zero_time
         self.acc.add(delta)
         self.acc.idle += delta.idle
@@ -276,7 +291,10 @@ class GpuDevice(Activity):
     def activity_now(self, metric: Metric, t: float) -> float:
         if not self.mig_enabled:
             return self.now(metric, t)
-        return sum(m.weight * m.now(metric, t) for m in self.migs)
+        total = 0.0
+        for mig in self.migs:
+            total += mig.weight * mig.now(metric, t)
+        return total
 
     def clock_factor(self) -> float:
         return min((CLOCK_FACTORS[r] for r in self.throttles), default=1.0)

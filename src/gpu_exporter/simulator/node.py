@@ -457,7 +457,7 @@ class SimulatedNode(DcgmHost, LinkEvents):
         gpu = self.gpus[spec.gpu]
         device: GpuDevice | MigDevice = gpu.migs[spec.mig] if spec.mig is not None else gpu
         pid = spec.pid if spec.pid is not None else next(self._pids)
-        device.workloads.append(Workload(spec, pid + self.pid_offset, t))
+        device.workloads = (*device.workloads, Workload(spec, pid + self.pid_offset, t))
 
     def mps_servers(self, device: Device) -> list[tuple[int, int, MigDevice | None]]:
         """(pid, memory, MIG instance) of the MPS control server on each of ``device``'s

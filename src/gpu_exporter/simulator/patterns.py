@@ -55,13 +55,16 @@ IDLE = Steady(0.0)
 def _period_marks(a: float, b: float, period: float, offsets: Sequence[float]) -> list[float]:
     """All ``k*period + offset`` strictly inside (a, b)."""
     marks: list[float] = []
-    first = math.floor(a / period) - 1
-    last = math.floor(b / period) + 1
-    for k in range(first, last + 1):
-        for offset in offsets:
-            mark = k * period + offset
-            if a < mark < b:
+    for offset in offsets:
+        # From one period before the first candidate, so rounding cannot skip one; each mark is
+        # computed as k*period + offset and tested against (a, b) as it is.
+        k = math.floor((a - offset) / period) - 1
+        mark = k * period + offset
+        while mark < b:
+            if mark > a:
                 marks.append(mark)
+            k += 1
+            mark = k * period + offset
     return marks
 
 
@@ -138,8 +141,9 @@ class Placed:
         return self.weight * self.pattern.value(t - self.origin)
 
     def breakpoints(self, a: float, b: float) -> list[float]:
-        marks = self.pattern.breakpoints(a - self.origin, b - self.origin)
-        return [m + self.origin for m in marks]
+        origin = self.origin
+        marks = self.pattern.breakpoints(a - origin, b - origin)
+        return [m + origin for m in marks] if marks else marks
 
 
 @dataclass(frozen=True)
@@ -156,7 +160,12 @@ def integrate(signals: Sequence[Placed], a: float, b: float, cap: float = 1.0) -
         return SegmentResult(0.0, 0.0)
     if not signals:
         return SegmentResult(0.0, b - a)
-    cuts = sorted({a, b, *_all_breakpoints(signals, a, b)})
+    marks = _all_breakpoints(signals, a, b)
+    if not marks:  # the usual read: one linear piece (patterns' periods are seconds or more)
+        start, end = _line_ends(signals, a, b)
+        zero = b - a if start <= 0 and end <= 0 else 0.0
+        return SegmentResult(_clamped_area(start, end, b - a, cap), zero)
+    cuts = sorted({a, b, *marks})
     integral = zero = 0.0
     for lo, hi in itertools.pairwise(cuts):
         start, end = _line_ends(signals, lo, hi)
@@ -167,14 +176,19 @@ def integrate(signals: Sequence[Placed], a: float, b: float, cap: float = 1.0) -
 
 
 def _all_breakpoints(signals: Iterable[Placed], a: float, b: float) -> list[float]:
-    return [m for s in signals for m in s.breakpoints(a, b)]
+    marks: list[float] = []
+    for signal in signals:
+        marks += signal.breakpoints(a, b)
+    return marks
 
 
 def _line_ends(signals: Sequence[Placed], lo: float, hi: float) -> tuple[float, float]:
     """Values at both ends of a linear piece, read at interior points to dodge the jumps."""
     q1, q3 = lo + (hi - lo) / 4, lo + 3 * (hi - lo) / 4
-    v1 = sum(s.value(q1) for s in signals)
-    v3 = sum(s.value(q3) for s in signals)
+    v1 = v3 = 0.0
+    for signal in signals:
+        v1 += signal.value(q1)
+        v3 += signal.value(q3)
     slope = (v3 - v1) / (q3 - q1)
     return v1 - slope * (q1 - lo), v3 + slope * (hi - q3)
 
