@@ -23,8 +23,9 @@ With ``$BENCH_LOOP_TRACE`` set to a file, the probe also says what each long wak
 (``StallTrace``): every loop callback that ran at least ``$BENCH_LOOP_TRACE_MS`` (default 2 ms),
 with its wall and loop-thread CPU time; every garbage collection, on whichever thread, with its
 generation, wall and CPU time and, for a full one, the objects it traversed; and, per wake-up at
-least that late, the loop thread's and the whole process's CPU over its sleep, and the callbacks
-and collections that overlapped it. CPU time is what names a culprit on a shared machine: a
+least that late, the loop thread's and the whole process's CPU over its sleep, the threads that
+ran over it (name, CPU, where each stack is at the wake-up), and the callbacks and collections
+that overlapped it. CPU time is what names a culprit on a shared machine: a
 callback's wall time also counts the time its thread waited for a core or for the GIL. Written
 with each dump (JSON, the same sequence number).
 """
